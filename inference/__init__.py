@@ -1,0 +1,1 @@
+"""inference package of seeds-rl."""

@@ -1,0 +1,1 @@
+"""methods package of seeds-rl."""

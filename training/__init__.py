@@ -1,0 +1,1 @@
+"""training package of seeds-rl."""
