@@ -1,0 +1,51 @@
+"""Configuration of the search environment (defaults from the SEEDS-R1 setting)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from envs.previews import PreviewConfig
+from envs.rewards import RewardConfig
+
+ADMISSION_MODES = ("preview", "prefix")
+DUPLICATE_QUERY_POLICIES = ("penalize", "allow")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    admission: str = "preview"  # "preview": snapshot then expand; "prefix": full top-k at once
+    top_k: int = 5  # candidates per search (K)
+    max_searches: int = 4
+    max_actions: int = 10
+    max_obs_tokens: int = 1200
+    max_expand: int = 5
+    require_expand: bool = True  # preview mode: the action after a snapshot must be an expand
+    duplicate_query: str = "penalize"  # a repeated (normalised) query: "penalize" = invalid, "allow"
+    distractor_rate: float = 0.0  # rho: chance that each candidate is replaced by a random passage
+    preview: PreviewConfig = field(default_factory=PreviewConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+    def __post_init__(self) -> None:
+        if self.admission not in ADMISSION_MODES:
+            raise ValueError(f"admission must be one of {ADMISSION_MODES}, not {self.admission!r}")
+        if self.duplicate_query not in DUPLICATE_QUERY_POLICIES:
+            raise ValueError(f"duplicate_query must be one of {DUPLICATE_QUERY_POLICIES}")
+        if not 0.0 <= self.distractor_rate <= 1.0:
+            raise ValueError("distractor_rate must lie in [0, 1]")
+        for name in ("top_k", "max_searches", "max_actions", "max_obs_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_expand < 0:
+            raise ValueError("max_expand must be >= 0")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "EnvConfig":
+        """Build from a plain (e.g. YAML) dict; nested ``preview`` and ``reward`` dicts allowed."""
+        values = dict(values)
+        if isinstance(values.get("preview"), dict):
+            values["preview"] = PreviewConfig(**values["preview"])
+        if isinstance(values.get("reward"), dict):
+            values["reward"] = RewardConfig(**values["reward"])
+        unknown = set(values) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown env config keys: {sorted(unknown)}")
+        return cls(**values)

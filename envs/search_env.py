@@ -1,0 +1,273 @@
+"""SearchEnv: a text-in, text-out ``gymnasium.Env`` for search agents (see DESIGN.md).
+
+One step is one policy action. ``step`` is split into :meth:`SearchEnv.prepare` (parse and
+validate; says which query, if any, needs retrieval) and :meth:`SearchEnv.complete` (apply
+the retrieved hits), so :class:`envs.vector_env.SearchVectorEnv` can batch the retrieval of
+many episodes into one call while running exactly this logic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.config import EnvConfig
+from envs.episode import Episode, SearchRecord
+from envs.metrics import normalize_answer
+from envs.previews import make_preview
+from envs.protocol import (
+    Action,
+    AnswerAction,
+    ExpandAction,
+    InvalidAction,
+    SearchAction,
+    format_information,
+    format_invalid,
+    format_passage,
+    format_snapshot,
+    snapshot_lines,
+    parse_action,
+)
+from envs.tokens import TokenCounter
+from envs.types import Hit, Passage, QAExample
+
+MAX_OBSERVATION_CHARS = 200_000
+MAX_ACTION_CHARS = 50_000
+TRUNCATION_MARK = "\n[truncated: observation limit reached]"
+
+
+class SearchBackend(Protocol):
+    """What the env needs from a retriever (``envs.retriever.Retriever`` satisfies it)."""
+
+    corpus: Any  # len(corpus) and corpus[row] -> Passage, for distractor injection
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]: ...
+
+
+class UnicodeText(spaces.Text):
+    """``spaces.Text`` that contains any string up to ``max_length``.
+
+    Gymnasium's Text space checks every character against a fixed charset, but queries,
+    passages and model output are arbitrary Unicode. Sampling still draws from the printable
+    charset, so random actions remain valid strings.
+    """
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+@dataclass(frozen=True)
+class PendingStep:
+    """A parsed, validated action; ``query`` is set when it needs a retrieval."""
+
+    action: Action
+    query: str | None = None
+
+
+class SearchEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(
+        self,
+        retriever: SearchBackend,
+        dataset: Sequence[QAExample] | None = None,
+        config: EnvConfig | None = None,
+        tokenizer: Any | None = None,
+    ):
+        self.retriever = retriever
+        self.dataset = list(dataset) if dataset is not None else None
+        self.config = config or EnvConfig()
+        self.counter = TokenCounter(tokenizer)
+        # Tokens left for an observation's body once its tags and a truncation mark are paid for.
+        overhead = self.counter.count(format_information(TRUNCATION_MARK))
+        self._body_budget = max(1, self.config.max_obs_tokens - overhead)
+        self.observation_space = UnicodeText(max_length=MAX_OBSERVATION_CHARS, min_length=0)
+        self.action_space = UnicodeText(max_length=MAX_ACTION_CHARS, min_length=0)
+        self.episode: Episode | None = None
+        self._order: np.ndarray | None = None
+        self._cursor = 0
+
+    # -- gymnasium API -------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        example = (options or {}).get("example")
+        if example is None:
+            example = self._next_example(reseeded=seed is not None)
+        if not isinstance(example, QAExample):
+            raise TypeError(f"options['example'] must be a QAExample, not {type(example).__name__}")
+        self.episode = Episode(example)
+        return example.question, {"example_id": example.id, "question": example.question}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        pending = self.prepare(action)
+        hits = None
+        if pending.query is not None:
+            hits = self.retriever.search([pending.query], self.config.top_k)[0]
+        return self.complete(pending, hits)
+
+    # -- the two halves of a step --------------------------------------------------------------
+
+    def prepare(self, action_text: str) -> PendingStep:
+        """Parse ``action_text`` and check it against the protocol state and the limits."""
+        episode = self._require_episode()
+        if not isinstance(action_text, str):
+            return PendingStep(InvalidAction(f"action must be text, got {type(action_text).__name__}", repr(action_text)))
+        action = parse_action(action_text)
+        reason = self._violation(action, episode)
+        if reason is not None:
+            return PendingStep(InvalidAction(reason, action_text))
+        if isinstance(action, SearchAction):
+            return PendingStep(action, query=action.query)
+        return PendingStep(action)
+
+    def complete(self, pending: PendingStep, hits: list[Hit] | None) -> tuple[str, float, bool, bool, dict]:
+        """Apply a prepared action (with its retrieval results) and advance the episode."""
+        episode = self._require_episode()
+        cfg = self.config
+        episode.n_actions += 1
+        action, reward, terminated = pending.action, 0.0, False
+        if isinstance(action, InvalidAction):
+            episode.n_invalid += 1
+            episode.format_penalty += cfg.reward.format_penalty
+            reward -= cfg.reward.format_penalty
+            observation = format_invalid(action.reason)
+        elif isinstance(action, SearchAction):
+            observation = self._search(episode, action.query, hits or [])
+        elif isinstance(action, ExpandAction):
+            observation = self._expand(episode, action.ids)
+        else:
+            episode.answer = action.answer
+            observation, terminated = "", True
+        truncated = not terminated and episode.n_actions >= cfg.max_actions
+        info = {"action": _action_kind(action)}
+        if isinstance(action, InvalidAction):
+            info["invalid_reason"] = action.reason
+        if terminated or truncated:
+            episode.done = True
+            reward += episode.reward_breakdown(cfg.reward)["terminal"]
+            info["episode"] = episode.summary(cfg.reward)
+        info.update(n_searches=episode.n_searches, n_actions=episode.n_actions, n_invalid=episode.n_invalid)
+        return observation, float(reward), terminated, truncated, info
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _violation(self, action: Action, episode: Episode) -> str | None:
+        """Why ``action`` is not allowed now, or None."""
+        cfg = self.config
+        if isinstance(action, InvalidAction):
+            return action.reason
+        pending_expand = cfg.admission == "preview" and cfg.require_expand and episode.awaiting_expand
+        if isinstance(action, SearchAction):
+            if pending_expand:
+                return "expand the latest snapshot first (candidate numbers or none)"
+            if episode.n_searches >= cfg.max_searches:
+                return f"search limit of {cfg.max_searches} reached; expand or answer"
+            if cfg.duplicate_query == "penalize" and normalize_answer(action.query) in episode.seen_queries:
+                return "this query was already searched; write a different query"
+            return None
+        if isinstance(action, ExpandAction):
+            if cfg.admission == "prefix":
+                return "expand is not available: search results are shown in full"
+            if episode.latest is None:
+                return "nothing to expand: search first"
+            if not episode.awaiting_expand:
+                return "the latest snapshot was already expanded; search again or answer"
+            if len(action.ids) > cfg.max_expand:
+                return f"at most {cfg.max_expand} candidates may be expanded at once"
+            n = len(episode.latest.hits)
+            bad = [i for i in action.ids if not 1 <= i <= n]
+            if bad:
+                return f"candidate number(s) {bad} not in the snapshot (valid: 1..{n})"
+            return None
+        if pending_expand:
+            return "expand the latest snapshot first (candidate numbers or none)"
+        return None
+
+    def _search(self, episode: Episode, query: str, hits: list[Hit]) -> str:
+        cfg = self.config
+        hits, distractor = self._inject_distractors(hits)
+        record = episode.add_search(query, hits, distractor)
+        if cfg.admission == "prefix":
+            return self._information(record, range(1, len(hits) + 1))
+        if not hits:
+            return format_snapshot("No results.")
+        episode.awaiting_expand = True
+        previews = [make_preview(h.title, h.text, query, cfg.preview, self.counter) for h in hits]
+        return format_snapshot(self._capped(snapshot_lines(previews)))
+
+    def _expand(self, episode: Episode, ids: tuple[int, ...]) -> str:
+        record = episode.latest
+        episode.awaiting_expand = False
+        if not ids:
+            return format_information("No passages expanded.")
+        return self._information(record, ids)
+
+    def _information(self, record: SearchRecord, numbers) -> str:
+        """Full text of the given candidates; a passage read earlier in the episode is not repeated."""
+        parts = []
+        for number in numbers:
+            hit = record.hits[number - 1]
+            fresh = self.episode.open(record, number)
+            parts.append(format_passage(number, hit.title, hit.text) if fresh else f"[{number}] {hit.title}: already read above.")
+        body, cut = self.counter.truncate("\n\n".join(parts) if parts else "No results.", self._body_budget)
+        record.doc_tokens += self.counter.count(body)
+        return format_information(body + TRUNCATION_MARK if cut else body)
+
+    def _capped(self, body: str) -> str:
+        """``body`` cut so that it and the truncation mark fit the observation token limit."""
+        body, cut = self.counter.truncate(body, self._body_budget)
+        return body + TRUNCATION_MARK if cut else body
+
+
+    def _inject_distractors(self, hits: list[Hit]) -> tuple[list[Hit], list[bool]]:
+        """Replace each candidate by a random passage with probability ``distractor_rate`` (seeded)."""
+        rate = self.config.distractor_rate
+        flags = [False] * len(hits)
+        if rate <= 0 or not hits:
+            return hits, flags
+        corpus = self.retriever.corpus
+        taken = {h.row for h in hits}
+        out = list(hits)
+        for i, hit in enumerate(hits):
+            if self.np_random.random() >= rate or len(taken) >= len(corpus):
+                continue
+            row = int(self.np_random.integers(len(corpus)))
+            while row in taken:
+                row = int(self.np_random.integers(len(corpus)))
+            taken.add(row)
+            passage: Passage = corpus[row]
+            out[i] = Hit.from_passage(passage, score=hit.score, rank=hit.rank)
+            flags[i] = True
+        return out, flags
+
+    def _next_example(self, reseeded: bool) -> QAExample:
+        if not self.dataset:
+            raise ValueError("reset() needs options={'example': QAExample} when the env has no dataset")
+        if self._order is None or reseeded or self._cursor >= len(self._order):
+            self._order = self.np_random.permutation(len(self.dataset))
+            self._cursor = 0
+        example = self.dataset[int(self._order[self._cursor])]
+        self._cursor += 1
+        return example
+
+    def _require_episode(self) -> Episode:
+        if self.episode is None or self.episode.done:
+            raise RuntimeError("the episode is over (or never started): call reset() first")
+        return self.episode
+
+    def summary(self) -> dict:
+        """The current episode's evaluation record (also given in ``info['episode']`` at the end)."""
+        return self._require_episode_any().summary(self.config.reward)
+
+    def _require_episode_any(self) -> Episode:
+        if self.episode is None:
+            raise RuntimeError("no episode: call reset() first")
+        return self.episode
+
+
+def _action_kind(action: Action) -> str:
+    return {SearchAction: "search", ExpandAction: "expand", AnswerAction: "answer"}.get(type(action), "invalid")

@@ -1,0 +1,31 @@
+"""Counting and truncating text in policy tokens (or whitespace words without a tokenizer)."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class TokenCounter:
+    """Counts tokens with a Hugging Face tokenizer, or whitespace-separated words when none is given."""
+
+    def __init__(self, tokenizer: Any | None = None):
+        self.tokenizer = tokenizer
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def count(self, text: str) -> int:
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self._ids(text))
+
+    def truncate(self, text: str, max_tokens: int) -> tuple[str, bool]:
+        """Return ``text`` cut to at most ``max_tokens`` tokens and whether anything was cut."""
+        if self.tokenizer is None:
+            words = text.split()
+            if len(words) <= max_tokens:
+                return text, False
+            return " ".join(words[:max_tokens]), True
+        ids = self._ids(text)
+        if len(ids) <= max_tokens:
+            return text, False
+        return self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=True), True

@@ -1,0 +1,56 @@
+import pytest
+
+from envs.protocol import (
+    AnswerAction,
+    ExpandAction,
+    InvalidAction,
+    SearchAction,
+    format_expand,
+    parse_action,
+)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<search>capital of France</search>", SearchAction("capital of France")),
+        ("  I should look this up.\n<search>\n capital   of\nFrance </search>", SearchAction("capital of France")),
+        ("<think>hmm</think><SEARCH>x</SEARCH>", SearchAction("x")),
+        ("<expand>2, 5</expand>", ExpandAction((2, 5))),
+        ("<expand> 1 3  4 </expand>", ExpandAction((1, 3, 4))),
+        ("<expand>[2], [2], 3</expand>", ExpandAction((2, 3))),
+        ("<expand>none</expand>", ExpandAction(())),
+        ("<expand> None </expand>", ExpandAction(())),
+        ("<answer> Paris </answer>", AnswerAction("Paris")),
+        ("<answer>a</answer> trailing <search>b</search>", AnswerAction("a")),
+    ],
+)
+def test_valid_actions(text, expected):
+    assert parse_action(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, reason_part",
+    [
+        ("", "no <search>"),
+        ("just some words", "no <search>"),
+        ("<search>unfinished", "never closed"),
+        ("<search>   </search>", "empty <search>"),
+        ("<answer></answer>", "empty <answer>"),
+        ("<expand></expand>", "empty <expand>"),
+        ("<expand>two</expand>", "not a candidate number"),
+        ("<expand>1, -2</expand>", "not a candidate number"),
+        ("<search>a</answer>", "never closed"),
+        ("<<<>>></search>", "no <search>"),
+    ],
+)
+def test_invalid_actions_have_reasons(text, reason_part):
+    action = parse_action(text)
+    assert isinstance(action, InvalidAction)
+    assert reason_part in action.reason
+    assert action.raw == text
+
+
+def test_format_expand_round_trips():
+    assert parse_action(format_expand([3, 1])) == ExpandAction((3, 1))
+    assert parse_action(format_expand([])) == ExpandAction(())
