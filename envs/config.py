@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
 
 from envs.previews import PreviewConfig
 from envs.rewards import RewardConfig
@@ -49,3 +52,14 @@ class EnvConfig:
         if unknown:
             raise ValueError(f"unknown env config keys: {sorted(unknown)}")
         return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "EnvConfig":
+        """Load a YAML recipe such as ``configs/env/seeds_r1.yaml``."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"env config not found: {path}")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of env settings")
+        return cls.from_dict(values)

@@ -195,6 +195,7 @@ class Corpus:
         try:
             with os.fdopen(fd, "wb") as handle:
                 np.save(handle, offsets)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; caches are meant to be readable
             os.replace(tmp, cached)
         except BaseException:
             if os.path.exists(tmp):

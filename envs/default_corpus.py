@@ -145,6 +145,7 @@ def write_jsonl_atomic(records: Iterable[dict], path: str | os.PathLike) -> Path
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; caches are meant to be readable
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -31,9 +31,8 @@ MAX_BRIDGES_PER_ANSWER = 3  # keeps frequent bridge answers ("United States") fr
 _STOPWORDS = {"a", "an", "the", "of", "and", "in", "on", "for", "to", "at", "by", "de", "la", "le", "or"}
 _KINDS = {"People": "person", "Geography": "place"}
 _WORD = re.compile(r"[^\W_]+(?:['\u2019.-][^\W_]+)*")
-
-
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
+# Capitalised words that may stand just before a multi-word title ("In the United States").
 _LOWER_OK = {"In", "The", "A", "An", "By", "From", "At", "On", "Of", "For", "And", "With", "To"}
 
 
@@ -75,10 +74,13 @@ def mask_titles(text: str, titles: list[str]) -> str:
     Stopwords ("of", "the") stay; runs of masks collapse into one ``___``.
     """
     hidden = _title_words(titles)
+    prefixes = {t[:4] for t in hidden}
 
     def hide(match: re.Match) -> str:
         word = match.group(0).lower()
-        return MASK if any(_same_stem(word, t) for t in hidden) else match.group(0)
+        if word in hidden or (word[:4] in prefixes and any(_same_stem(word, t) for t in hidden)):
+            return MASK
+        return match.group(0)
 
     masked = _WORD.sub(hide, text)
     return re.sub(rf"{MASK}(?:[\s-]+{MASK})+", MASK, masked)
@@ -133,38 +135,60 @@ def _bare(word: str) -> str:
     return word
 
 
-def _mention_finder(articles: list[dict]):
+def _is_mention(words: list[str], pos: int, tokens: list[str]) -> bool:
+    """Whether the title ``tokens`` stand, as a whole name, at ``words[pos]``."""
+    span = words[pos : pos + len(tokens)]
+    if len(span) < len(tokens) or span[:-1] != tokens[:-1] or _bare(span[-1]) != _bare(tokens[-1]):
+        return False
+    before = words[pos - 1] if pos else ""
+    if len(tokens) == 1 and (not before or before[-1] in ".!?"):
+        return False  # a one-word title opening a sentence is just a capitalised word
+    if before[:1].isupper() and (len(tokens) == 1 or before not in _LOWER_OK):
+        return False  # part of a longer name
+    after = words[pos + len(tokens)] if pos + len(tokens) < len(words) else ""
+    return not (after[:1].isupper() and span[-1] == tokens[-1])
+
+
+def _is_common_noun(article: dict, texts: dict[str, str]) -> bool:
+    """True if the article's own text uses its title in lower case ("A house is ...")."""
+    own = " ".join(texts[pid] for pid in article["passage_ids"])
+    return re.search(rf"\b{re.escape(article['title'].lower())}\b", own) is not None
+
+
+def _start_key(tokens: list[str]) -> tuple[str, ...]:
+    """Lookup key of a title: its first word, plus the second word for multi-word titles."""
+    if len(tokens) == 1:
+        return (_bare(tokens[0]),)
+    return (tokens[0], _bare(tokens[1]) if len(tokens) == 2 else tokens[1])
+
+
+def _mention_finder(articles: list[dict], texts: dict[str, str]):
     """Return ``find(text) -> set of article indices whose title occurs in text``.
 
     Titles match case-sensitively on whole words and must not be part of a longer capitalised
     name ("Spartacus" in "Spartacus League" does not count); a one-word title must not start a
     sentence, so "Water" opening a sentence is no mention. Titles with a parenthetical qualifier
-    are ambiguous in running text and are skipped.
+    are ambiguous in running text and are skipped, and so are common nouns (see
+    :func:`_is_common_noun`): "the House of Atreus" is no mention of the article "House".
     """
-    by_first_word = defaultdict(list)
+    by_start = defaultdict(list)  # (first word,) or (first word, second word) -> titles
     for index, article in enumerate(articles):
-        tokens = article["title"].split()
-        if "(" in article["title"] or len(article["title"]) < 4 or not article["title"][0].isupper():
+        title = article["title"]
+        if "(" in title or len(title) < 4 or not title[0].isupper() or _is_common_noun(article, texts):
             continue
-        by_first_word[tokens[0]].append((tokens, index))
+        tokens = title.split()
+        by_start[_start_key(tokens)].append((tokens, index))
 
     def find(text: str) -> set[int]:
         words = text.split()
+        bare = [_bare(w) for w in words] + [""]
         found = set()
         for pos, word in enumerate(words):
-            for tokens, index in by_first_word.get(word, []) + by_first_word.get(_bare(word), []):
-                span = words[pos : pos + len(tokens)]
-                if len(span) < len(tokens) or span[:-1] != tokens[:-1] or _bare(span[-1]) != tokens[-1]:
-                    continue
-                sentence_start = pos == 0 or words[pos - 1][-1] in ".!?"
-                if len(tokens) == 1 and sentence_start:
-                    continue
-                if not sentence_start and words[pos - 1][0].isupper() and words[pos - 1] not in _LOWER_OK:
-                    continue
-                after = words[pos + len(tokens)] if pos + len(tokens) < len(words) else ""
-                if after[:1].isupper() and span[-1] == tokens[-1]:
-                    continue
-                found.add(index)
+            following = words[pos + 1] if pos + 1 < len(words) else ""
+            for key in {(bare[pos],), (word, bare[pos + 1]), (word, following)}:
+                for tokens, index in by_start.get(key, ()):
+                    if _is_mention(words, pos, tokens):
+                        found.add(index)
         return found
 
     return find
@@ -191,7 +215,7 @@ def _bridge(a: dict, b: dict, mention_id: str, texts: dict[str, str]) -> dict | 
 
 def _candidates(articles: list[dict], texts: dict[str, str]) -> tuple[list[dict], list[dict]]:
     singles = [q for q in (_single(a, texts) for a in articles) if q]
-    find = _mention_finder(articles)
+    find = _mention_finder(articles, texts)
     bridges, per_answer = [], defaultdict(int)
     for i, a in enumerate(articles):
         seen = {i}
@@ -214,9 +238,8 @@ def generate_default_questions(
     About ``two_hop_fraction`` of them are bridge questions (fewer if the corpus has too few
     article pairs). The same ``seed`` and files always give the same questions.
     """
-    if corpus_path is None or meta_path is None:
-        corpus_path, meta_path = corpus_path or default_corpus_path(), meta_path or default_articles_path()
-    articles = read_articles(meta_path)
+    corpus_path = corpus_path or default_corpus_path()
+    articles = read_articles(meta_path or default_articles_path())
     singles, bridges = _candidates(articles, _load_passages(corpus_path))
     if n > len(singles) + len(bridges):
         raise ValueError(f"asked for {n} questions but the corpus supports only {len(singles) + len(bridges)}")

@@ -93,6 +93,7 @@ class Episode:
             "negatives_opened": len(self.opened_rows) - positives_opened,
             "positives_missed": positives_shown - positives_opened,
             "docs_read": len(self.opened_rows),
+            "docs_shown": len(self.shown_rows),
         }
 
     def reward_breakdown(self, config: RewardConfig) -> dict[str, float]:

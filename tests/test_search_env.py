@@ -202,3 +202,18 @@ def test_distractor_injection_rate_and_seeding(retriever, examples):
 
 def test_gymnasium_env_checker(retriever, examples):
     check_env(make_env(retriever, examples), skip_render_check=True)
+
+
+def test_env_config_from_yaml(tmp_path):
+    from pathlib import Path
+
+    config = EnvConfig.from_yaml(Path(__file__).parents[1] / "configs" / "env" / "seeds_r1.yaml")
+    assert config == EnvConfig()  # the recipe restates the defaults
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("admission: preview\ntop_kk: 3\n")
+    with pytest.raises(ValueError, match="top_kk"):
+        EnvConfig.from_yaml(bad)
+    with pytest.raises(ValueError, match="admission"):
+        EnvConfig.from_dict({"admission": "all"})
+    with pytest.raises(FileNotFoundError):
+        EnvConfig.from_yaml(tmp_path / "missing.yaml")

@@ -1,0 +1,49 @@
+"""The embedded default retriever: MiniLM over the Wikipedia-summaries corpus, built once, cached.
+
+The first call embeds the default corpus (about 12k passages; roughly four minutes with MiniLM
+on a two-core CPU) into ``cache_dir("indexes", ...)``; later calls, in any process, load it in
+seconds. The folder name carries the encoder, the index type and the corpus fingerprint, so a
+changed corpus gets a fresh index instead of a mismatched one. Concurrent first calls are safe:
+the build holds a file lock and the second caller reuses the first one's result.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from envs.corpus import load_corpus
+from envs.default_corpus import default_corpus_path
+from envs.encoders import canonical_encoder_name, load_encoder
+from envs.index import DenseIndex, build_index
+from envs.paths import cache_dir
+from envs.retriever import Retriever
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    """File-name-safe form of ``text``; long or altered names get a short hash suffix."""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_").lower()
+    if len(slug) > limit or slug != text.lower():
+        slug = f"{slug[:limit]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return slug
+
+
+def default_index_dir(corpus, index_type: str = "Flat", encoder: str = "minilm") -> Path:
+    """Cache folder of the index for ``corpus`` with this encoder and index type."""
+    name = f"{_slug(canonical_encoder_name(encoder))}-{_slug(index_type)}-{corpus.fingerprint()[:12]}"
+    return cache_dir("indexes", name)
+
+
+def default_retriever(index_type: str = "Flat", encoder: str = "minilm", device: str = "auto",
+                      cache_size: int = 4096, show_progress: bool = True) -> Retriever:
+    """Retriever over the default corpus, building and caching its index on first use.
+
+    ``encoder`` and ``index_type`` take the names :func:`envs.encoders.load_encoder` and
+    :func:`envs.index.build_index` accept; ``device`` as in :meth:`DenseIndex.load`.
+    """
+    corpus = load_corpus(default_corpus_path())
+    model = load_encoder(encoder, device=None if device == "auto" else device, show_progress=show_progress)
+    index_dir = default_index_dir(corpus, index_type, encoder)
+    build_index(corpus, model, index_dir, index_type=index_type, show_progress=show_progress)
+    index = DenseIndex.load(index_dir, corpus=corpus, device=device)
+    return Retriever(corpus, model, index, cache_size=cache_size)
