@@ -42,9 +42,17 @@ def best_window(text: str, terms: frozenset[str], width: int) -> str:
     Two pointers over the word list keep this linear in the passage length; ties go to the
     earliest window, so a passage with no matching term previews its opening.
     """
+    start, end = best_window_span(text, terms, width)
+    return text[start:end]
+
+
+def best_window_span(text: str, terms: frozenset[str], width: int) -> tuple[int, int]:
+    """Character span ``(start, end)`` of :func:`best_window`."""
     words = list(_WORD.finditer(text))
     if len(text) <= width or not words:
-        return text[:width].strip()
+        stripped = text[:width].strip()
+        start = text.find(stripped) if stripped else 0
+        return start, start + len(stripped)
     hits = [1 if w.group().lower() in terms else 0 for w in words]
     best_start, best_end, best_score = 0, 0, -1
     end, score = 0, 0
@@ -58,14 +66,19 @@ def best_window(text: str, terms: frozenset[str], width: int) -> str:
             best_start, best_end, best_score = start, end, score
         if end > start:
             score -= hits[start]
+    start = words[best_start].start()
     if best_end <= best_start:  # a single word longer than the window
-        return text[words[best_start].start() : words[best_start].start() + width]
-    return text[words[best_start].start() : words[best_end - 1].end()]
+        return start, start + width
+    return start, words[best_end - 1].end()
 
 
 def make_preview(title: str, text: str, query: str, config: PreviewConfig, counter: TokenCounter) -> str:
-    """``"Title: window"`` for one passage, capped at ``config.max_tokens`` tokens."""
-    window = best_window(text, query_terms(query), config.window_chars)
+    """``"Title: window"`` for one passage, capped at ``config.max_tokens`` tokens.
+
+    ``...`` marks text left out before or after the window (or cut by the token cap).
+    """
+    start, end = best_window_span(text, query_terms(query), config.window_chars)
+    window = ("... " if text[:start].strip() else "") + text[start:end]
     preview = f"{title[: config.title_chars]}: {window}" if title else window
     preview, cut = counter.truncate(preview, config.max_tokens)
-    return preview + " ..." if cut else preview
+    return preview + " ..." if cut or text[end:].strip() else preview

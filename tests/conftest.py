@@ -5,7 +5,9 @@ have their own tests with real encoders and FAISS.
 """
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 
 import pytest
 
@@ -27,6 +29,11 @@ PASSAGES = [
 ]
 
 _WORD = re.compile(r"\w+")
+
+
+def pytest_configure(config):
+    """Keep every cache the tests touch out of the user's ~/.cache/seeds-rl."""
+    os.environ.setdefault("SEEDS_RL_CACHE", tempfile.mkdtemp(prefix="seeds-rl-test-cache-"))
 
 
 def _words(text: str) -> set[str]:

@@ -48,6 +48,14 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
+def test_preview_marks_left_out_text():
+    text = "Opening words here. The Spree flows through Berlin. Closing words follow after it."
+    preview = make_preview("T", text, "Spree Berlin", PreviewConfig(window_chars=35), TokenCounter())
+    assert preview == "T: ... The Spree flows through Berlin ..."
+    whole = make_preview("T", "Short text.", "text", PreviewConfig(), TokenCounter())
+    assert whole == "T: Short text."
+
+
 def test_preview_cap_uses_policy_tokenizer():
     preview = make_preview("Title", LONG, "Spree", PreviewConfig(max_tokens=20), TokenCounter(CharTokenizer()))
     assert preview == "Title: " + preview[7:20] + " ..."
