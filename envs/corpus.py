@@ -18,13 +18,13 @@ import csv
 import hashlib
 import json
 import os
-import tempfile
 from array import array
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from envs.atomic import atomic_write
 from envs.paths import cache_dir
 from envs.types import Passage
 
@@ -191,16 +191,8 @@ class Corpus:
             if offsets.ndim == 1 and len(offsets) >= 1 and int(offsets[-1]) == os.path.getsize(self.path):
                 return offsets
         offsets = self._scan()
-        fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.stem, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                np.save(handle, offsets)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; caches are meant to be readable
-            os.replace(tmp, cached)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_write(cached, "wb") as handle:
+            np.save(handle, offsets)
         return offsets
 
     def _scan(self) -> np.ndarray:

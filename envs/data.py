@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from envs.default_corpus import write_jsonl_atomic
+from envs.atomic import write_jsonl_atomic
 from envs.default_questions import generate_default_questions
 from envs.types import QAExample
 

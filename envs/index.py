@@ -27,7 +27,6 @@ import contextlib
 import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -35,6 +34,7 @@ from typing import Callable, Iterator
 import faiss
 import numpy as np
 
+from envs.atomic import write_json_atomic
 from envs.encoders import Encoder
 
 EMBEDDINGS_FILE = "embeddings.npy"
@@ -50,22 +50,6 @@ class IndexMismatchError(ValueError):
 
 
 # ----- small file helpers ---------------------------------------------------------------------
-
-
-def write_json_atomic(data: dict, path: Path) -> None:
-    """Write JSON to a temp file in the same folder, fsync it, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; index folders are often shared
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_index_atomic(index: faiss.Index, path: Path) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
 from pathlib import Path
 
+from envs.atomic import write_json_atomic, write_jsonl_atomic
 from envs.config import EnvConfig
 from envs.data import load_qa
 from envs.default_questions import generate_default_questions
@@ -67,19 +66,13 @@ def main(argv=None) -> int:
     metrics = aggregate_episodes(summaries)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / "episodes.jsonl", "".join(json.dumps(s) + "\n" for s in summaries))
-    _write_atomic(out / "metrics.json", json.dumps(metrics, indent=2))
+    write_jsonl_atomic(summaries, out / "episodes.jsonl")
+    write_json_atomic(metrics, out / "metrics.json")
     print("=" * 80)
     print(f"{len(summaries)} episodes, admission={config.admission}, written to {out}/")
     for key, value in metrics.items():
         print(f"  {key:>20}: {value:.3f}" if isinstance(value, float) else f"  {key:>20}: {value}")
     return 0
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pytest
 from envs.config import EnvConfig
 from envs.corpus import load_corpus
 from envs.encoders import load_encoder
-from envs.index import DenseIndex, build_index
+from envs.index import build_index
 from envs.retriever import Retriever
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
