@@ -146,6 +146,8 @@ class SearchEnv(gym.Env):
         info = {"action": _action_kind(action)}
         if isinstance(action, InvalidAction):
             info["invalid_reason"] = action.reason
+        elif isinstance(action, (SearchAction, ExpandAction)) and episode.latest is not None:
+            info["search"] = episode.latest.to_dict()  # candidates, positives, what was expanded
         if terminated or truncated:
             episode.done = True
             reward += episode.reward_breakdown(cfg.reward)["terminal"]

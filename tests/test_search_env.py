@@ -217,3 +217,14 @@ def test_env_config_from_yaml(tmp_path):
         EnvConfig.from_dict({"admission": "all"})
     with pytest.raises(FileNotFoundError):
         EnvConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_registered_with_gymnasium_and_step_info(retriever, examples):
+    import gymnasium as gym
+
+    env = gym.make("seeds_rl/Search-v0", retriever=retriever, dataset=examples)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step("<search>capital of France</search>")
+    assert info["search"]["query"] == "capital of France" and len(info["search"]["ids"]) == 5
+    _, _, _, _, info = env.step("<expand>2</expand>")
+    assert info["search"]["expanded"] == [2] and info["search"]["doc_tokens"] > 0
