@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envs.metrics import answer_scores, normalize_answer
+from envs.metrics import answer_bearing, answer_scores, normalize_answer
 from envs.rewards import RewardConfig, answer_reward, is_positive, selection_reward
 from envs.types import Hit, QAExample
 
@@ -20,6 +20,7 @@ class SearchRecord:
     hits: list[Hit]
     positive: list[bool]
     distractor: list[bool]
+    answer_bearing: list[bool]  # the SEEDS proxy, kept beside labelled positives for analyses
     expanded: list[int] = field(default_factory=list)  # 1-based candidate numbers opened
     doc_tokens: int = 0
 
@@ -33,6 +34,7 @@ class SearchRecord:
             "scores": [h.score for h in self.hits],
             "positive": list(self.positive),
             "distractor": list(self.distractor),
+            "answer_bearing": list(self.answer_bearing),
             "expanded": list(self.expanded),
             "expanded_ids": [self.hits[i - 1].id for i in self.expanded],
             "expanded_ranks": [self.hits[i - 1].rank for i in self.expanded],
@@ -68,7 +70,8 @@ class Episode:
 
     def add_search(self, query: str, hits: list[Hit], distractor: list[bool]) -> SearchRecord:
         positive = [is_positive(h, self.example) for h in hits]
-        record = SearchRecord(query, hits, positive, distractor)
+        bearing = [answer_bearing(h.text, self.example.golden_answers) for h in hits]
+        record = SearchRecord(query, hits, positive, distractor, bearing)
         self.searches.append(record)
         self.seen_queries.add(normalize_answer(query))
         for hit, pos in zip(hits, positive):

@@ -1,1 +1,6 @@
-"""methods package of seeds-rl."""
+"""Policies that run in the search environment: prompted methods and trained-policy protocols.
+
+``methods.get(name, **options)`` builds a registered method; ``methods.available()`` lists them.
+"""
+from methods.base import Method, available, get, register  # noqa: F401
+from methods import baselines, seeds  # noqa: F401,E402  (registers the methods)

@@ -1,0 +1,53 @@
+"""Turn a request's prompt into text or token ids for a local model.
+
+Chat messages use the tokenizer's chat template when it has one. A model without one (the
+offline default, Gemma 3 270M base) gets a plain-text transcript ending in an open
+``Assistant:`` turn, which a base model continues naturally.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from inference.backends.base import Prompt
+
+_ROLE_NAMES = {"system": "Instructions", "user": "User", "assistant": "Assistant"}
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def plain_chat(messages: list[dict[str, str]]) -> str:
+    """The fallback format: ``Role: content`` blocks separated by blank lines, then ``Assistant:``.
+
+    A trailing assistant message is continued rather than closed, so a caller can prefill the
+    start of the answer.
+    """
+    blocks = [f"{_ROLE_NAMES.get(m['role'], m['role'].title())}: {m['content']}" for m in messages]
+    if messages and messages[-1]["role"] == "assistant":
+        return "\n\n".join(blocks)
+    return "\n\n".join(blocks + ["Assistant:"])
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """Chat messages as the text the model sees (template, or the plain fallback)."""
+    if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise ValueError("chat messages must be dicts with 'role' and 'content'")
+    if tokenizer is not None and has_chat_template(tokenizer):
+        continue_last = messages[-1]["role"] == "assistant"
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=not continue_last, continue_final_message=continue_last
+        )
+    return plain_chat(messages)
+
+
+def prompt_token_ids(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids for any prompt form: ids pass through, text and chat are tokenised once."""
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
+        return list(prompt)
+    text = render_chat(tokenizer, prompt) if isinstance(prompt, list) else prompt
+    if not isinstance(text, str):
+        raise ValueError(f"unsupported prompt type: {type(prompt).__name__}")
+    # Chat templates already hold the BOS token; raw text gets the tokenizer's usual specials.
+    add_special = not (isinstance(prompt, list) and has_chat_template(tokenizer))
+    return tokenizer(text, add_special_tokens=add_special)["input_ids"]

@@ -1,0 +1,145 @@
+"""What a method sees of one question: the LLM, the env actions, and a trace of both.
+
+Everything a method does goes through a :class:`QuestionContext`, which records it: every LLM
+call (prompt, output, tokens, latency, finish reason) and every env step (action, observation,
+validity). The runner turns the trace and the env's episode summary into one prediction line.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envs.protocol import format_answer, format_expand, format_search
+from envs.search_env import SearchEnv
+from envs.types import Hit, QAExample
+from inference.backends.base import GenerationRequest, GenerationResult, LLMBackend, Prompt
+from methods.env_batcher import EnvStepBatcher
+
+
+class EpisodeOver(Exception):
+    """Raised when a method acts after the env ended the episode (answer given or limits hit)."""
+
+
+@dataclass
+class StepOutcome:
+    """The env's answer to one action, with the candidates of the search it concerns."""
+
+    observation: str
+    valid: bool
+    reason: str | None = None
+    hits: list[Hit] = field(default_factory=list)  # the latest search's candidates (rank order)
+    expanded: list[int] = field(default_factory=list)  # candidate numbers opened by this expand
+    done: bool = False
+
+
+class QuestionContext:
+    def __init__(self, example: QAExample, env: SearchEnv, llm: LLMBackend, steps: EnvStepBatcher,
+                 seed: int = 0, max_llm_calls: int = 64):
+        self.example = example
+        self.env = env
+        self.llm = llm
+        self._steps = steps
+        self.seed = seed
+        self.max_llm_calls = max_llm_calls
+        self.trace: list[dict[str, Any]] = []
+        self.llm_calls = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.final_info: dict | None = None  # the env's info["episode"] once the episode ends
+        self.started = time.perf_counter()
+
+    @property
+    def question(self) -> str:
+        return self.example.question
+
+    @property
+    def done(self) -> bool:
+        return self.final_info is not None
+
+    @property
+    def tokenizer(self):
+        return self.llm.tokenizer
+
+    # -- LLM -----------------------------------------------------------------------------------
+
+    async def generate(self, prompt: Prompt, *, stop: tuple[str, ...] | list[str] = (), max_tokens: int = 256,
+                       temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "") -> GenerationResult:
+        """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``)."""
+        if self.llm_calls >= self.max_llm_calls:
+            raise EpisodeOver(f"LLM call limit of {self.max_llm_calls} reached")
+        request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens, temperature=temperature,
+                                    top_p=top_p, top_k=top_k, seed=self.seed + self.llm_calls)
+        self.llm_calls += 1
+        started = time.perf_counter()
+        result = await self.llm.agenerate(request)
+        completion = result.completions[0]
+        self.prompt_tokens += result.prompt_tokens
+        self.completion_tokens += result.completion_tokens
+        self.trace.append({
+            "type": "llm", "tag": tag, "prompt": _prompt_for_trace(prompt), "output": completion.text,
+            "finish_reason": completion.finish_reason, "error": completion.error,
+            "prompt_tokens": result.prompt_tokens, "completion_tokens": len(completion.token_ids),
+            "latency_s": round(time.perf_counter() - started, 4),
+        })
+        return result
+
+    # -- env actions ---------------------------------------------------------------------------
+
+    async def step(self, action: str) -> StepOutcome:
+        """Send raw action text (as a model wrote it) to the env."""
+        if self.done:
+            raise EpisodeOver(f"the episode already ended ({self.finish_reason})")
+        observation, _, terminated, truncated, info = await self._steps.step(self.env, action)
+        valid = info["action"] != "invalid"
+        record = self.env.episode.latest
+        outcome = StepOutcome(
+            observation=observation, valid=valid, reason=info.get("invalid_reason"),
+            hits=list(record.hits) if record is not None else [],
+            expanded=list(record.expanded) if (record is not None and info["action"] == "expand") else [],
+            done=terminated or truncated,
+        )
+        self.trace.append({"type": "env", "action": action, "observation": observation, "kind": info["action"],
+                           **({"invalid_reason": outcome.reason} if not valid else {})})
+        if terminated or truncated:
+            self.final_info = info["episode"]
+            if self.finish_reason is None:
+                self.finish_reason = "answered" if terminated else "env_limit"
+        return outcome
+
+    async def search(self, query: str) -> StepOutcome:
+        return await self.step(format_search(query))
+
+    async def expand(self, ids: list[int] | tuple[int, ...]) -> StepOutcome:
+        return await self.step(format_expand(list(ids)))
+
+    async def answer(self, text: str) -> StepOutcome:
+        """End the episode with ``text``; an empty answer is recorded as no answer."""
+        text = " ".join(text.split())
+        if not text:
+            self.note("empty_answer")
+            return await self.give_up("empty_answer")
+        return await self.step(format_answer(text))
+
+    async def give_up(self, reason: str) -> StepOutcome:
+        """End the episode without an answer (scored 0), recording why."""
+        self.finish_reason = reason
+        if self.done:
+            return StepOutcome("", valid=True, done=True)
+        self.final_info = self.env.summary()
+        self.trace.append({"type": "end", "reason": reason})
+        return StepOutcome("", valid=True, done=True)
+
+    def note(self, kind: str, **data: Any) -> None:
+        """Record a method-level event (a parse failure, a fallback taken, ...)."""
+        self.trace.append({"type": "note", "kind": kind, **data})
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def _prompt_for_trace(prompt: Prompt) -> Any:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return {"token_ids": len(prompt)}
+    return prompt

@@ -1,0 +1,100 @@
+"""Run a method over many questions at once, batching LLM calls and retrievals across them.
+
+Each question is one coroutine (the method's ``run``) with its own :class:`SearchEnv`; at most
+``concurrency`` run at a time. A method that raises, or ends without answering, still yields a
+prediction: scored 0, with the finish reason and the error in the record. No question is
+dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import traceback
+import zlib
+from typing import Any, Callable, Sequence
+
+from envs.config import EnvConfig
+from envs.search_env import SearchEnv
+from envs.types import QAExample
+from inference.backends.base import LLMBackend
+from methods.base import Method
+from methods.context import EpisodeOver, QuestionContext
+from methods.env_batcher import EnvStepBatcher
+
+
+def prediction_record(ctx: QuestionContext) -> dict[str, Any]:
+    """One line of ``predictions.jsonl``: prediction, golds, metrics, evidence use, cost, trace."""
+    episode = ctx.final_info or ctx.env.summary()
+    return {
+        "id": ctx.example.id,
+        "question": ctx.example.question,
+        "golden_answers": list(ctx.example.golden_answers),
+        "prediction": episode["answer"],
+        "metrics": episode["metrics"],
+        "finish_reason": ctx.finish_reason or "no_answer",
+        "n_searches": episode["n_searches"],
+        "n_invalid": episode["n_invalid"],
+        "docs_read": episode["docs_read"],
+        "doc_tokens": episode["doc_tokens"],
+        "positives_shown": episode["positives_shown"],
+        "positives_opened": episode["positives_opened"],
+        "negatives_opened": episode["negatives_opened"],
+        "reward": episode["reward"]["total"],
+        "searches": episode["searches"],
+        "llm_calls": ctx.llm_calls,
+        "llm_prompt_tokens": ctx.prompt_tokens,
+        "llm_completion_tokens": ctx.completion_tokens,
+        "latency_s": round(ctx.elapsed(), 4),
+        "trace": ctx.trace,
+    }
+
+
+async def run_question(method: Method, ctx: QuestionContext) -> dict[str, Any]:
+    """Run one question to the end; never raises for method or model failures."""
+    try:
+        await method.run(ctx)
+        if not ctx.done:
+            await ctx.give_up("no_answer")
+    except EpisodeOver as err:
+        ctx.note("episode_over", message=str(err))
+        if not ctx.done:
+            await ctx.give_up("llm_call_limit")
+    except Exception as err:  # a method bug or an unexpected backend failure: record, score 0
+        ctx.trace.append({"type": "error", "error": f"{type(err).__name__}: {err}",
+                          "traceback": traceback.format_exc(limit=6)})
+        await ctx.give_up(f"error: {type(err).__name__}")
+    return prediction_record(ctx)
+
+
+async def run_questions(
+    method: Method,
+    examples: Sequence[QAExample],
+    llm: LLMBackend,
+    retriever,
+    env_config: EnvConfig | None = None,
+    concurrency: int = 32,
+    seed: int = 0,
+    max_llm_calls: int = 64,
+    on_result: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Predictions for ``examples`` (in input order); ``on_result`` sees each as it finishes."""
+    config = method.env_config(env_config or EnvConfig())
+    steps = EnvStepBatcher(retriever)
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(example: QAExample) -> dict:
+        question_seed = seed + zlib.crc32(example.id.encode()) % 2**31  # stable across resumed runs
+        async with gate:
+            env = SearchEnv(retriever, None, config, tokenizer=llm.tokenizer)
+            env.reset(seed=question_seed, options={"example": example})
+            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls)
+            record = await run_question(method, ctx)
+        if on_result is not None:
+            on_result(record)
+        return record
+
+    return list(await asyncio.gather(*(one(ex) for ex in examples)))
+
+
+def run_questions_sync(*args, **kwargs) -> list[dict]:
+    """:func:`run_questions` from synchronous code."""
+    return asyncio.run(run_questions(*args, **kwargs))

@@ -1,0 +1,101 @@
+"""SEEDS methods: preview-guided evidence admission (search → snapshot → expand a subset).
+
+- ``seeds-react``: ReAct whose every search shows previews of K candidates; the model opens
+  any subset (0..K) and only the opened passages enter its context.
+- ``seeds-o1``: Search-o1 with the same admission step; only opened passages reach the
+  reason-in-documents reader (the "max-information" variant: select inclusively, up to K).
+- ``seeds-r1``: the SEEDS-R1 protocol for trained checkpoints, token-in/token-out exactly as
+  the trainer builds episodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from envs.config import EnvConfig
+from methods.agent_loop import run_agent_turns
+from methods.base import Method, register
+from methods.baselines import reason_in_documents
+from methods.context import QuestionContext, StepOutcome
+from methods.parsing import last_tag
+from methods.prompts import o1 as o1_prompts
+from methods.prompts import r1, react
+from methods.transcript import ChatTranscript, TokenTranscript
+
+
+def _preview_env(base: EnvConfig, k: int, max_expand: int, max_searches: int, max_actions: int) -> EnvConfig:
+    return dataclasses.replace(base, admission="preview", top_k=k, max_expand=max_expand,
+                               max_searches=max_searches, max_actions=max_actions, require_expand=True)
+
+
+@register("seeds-react")
+@dataclass
+class SeedsReAct(Method):
+    k: int = 10
+    max_expand: int = 10
+    max_searches: int = 4
+    max_actions: int = 12
+    max_tokens: int = 256
+
+    def env_config(self, base: EnvConfig) -> EnvConfig:
+        return _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
+
+    async def run(self, ctx: QuestionContext) -> None:
+        prompt = react.SEEDS_REACT.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
+                                          question=ctx.question)
+        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
+
+
+@register("seeds-o1")
+@dataclass
+class SeedsO1(Method):
+    k: int = 10
+    max_expand: int = 10
+    max_searches: int = 5
+    max_actions: int = 14
+    max_tokens: int = 512
+    reader_max_tokens: int = 256
+
+    def env_config(self, base: EnvConfig) -> EnvConfig:
+        config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
+        return dataclasses.replace(config, duplicate_query="allow")
+
+    async def run(self, ctx: QuestionContext) -> None:
+        prompt = o1_prompts.SEEDS_REASONER.format(k=self.k, max_expand=self.max_expand,
+                                                  max_searches=self.max_searches, question=ctx.question)
+        transcript = ChatTranscript(prompt)
+        last_query = {"text": ctx.question}
+
+        async def admit_then_read(outcome: StepOutcome, model_text: str) -> str | None:
+            if outcome.observation.startswith("<snapshot>"):
+                last_query["text"] = last_tag(model_text, "search") or ctx.question
+                return None  # the model sees the previews and chooses what to expand
+            if not outcome.valid or not outcome.expanded:
+                return None  # an error message, or "No passages expanded."
+            opened = [outcome.hits[i - 1] for i in outcome.expanded]
+            return await reason_in_documents(ctx, transcript.text, last_query["text"], opened, self.reader_max_tokens)
+
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read)
+
+
+@register("seeds-r1")
+@dataclass
+class SeedsR1(Method):
+    """SEEDS-R1 protocol (paper appendix E/F.3): K=5, expand 0-5, 4 searches, 10 actions."""
+
+    k: int = 5
+    max_expand: int = 5
+    max_searches: int = 4
+    max_actions: int = 10
+    max_tokens: int = 512
+
+    def env_config(self, base: EnvConfig) -> EnvConfig:
+        return _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
+
+    def prompt(self, question: str) -> str:
+        return r1.SEEDS_R1.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
+                                  question=question)
+
+    async def run(self, ctx: QuestionContext) -> None:
+        transcript = TokenTranscript(self.prompt(ctx.question), ctx.tokenizer)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens)
