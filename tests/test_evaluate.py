@@ -1,0 +1,129 @@
+"""The evaluation runner end to end with a scripted LLM: outputs, resume, compare, config."""
+import json
+
+import pytest
+
+from envs.corpus import load_corpus
+from envs.encoders import load_encoder
+from envs.index import build_index
+from inference import evaluate as ev
+from inference.predictions import PredictionWriter, PredictionsFileError, load_predictions
+from inference.run_metrics import admission_stats
+
+from conftest import PASSAGES
+from fake_llm import FakeLLM
+from test_methods import competent
+
+QUESTIONS = [
+    {"id": "a", "question": "What is the capital of France?", "golden_answers": ["Paris"]},
+    {"id": "b", "question": "Which river flows through Vienna?", "golden_answers": ["Danube"]},
+    {"id": "c", "question": "What is the capital of Japan?", "golden_answers": ["Tokyo"]},
+]
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "title": t, "text": x}) + "\n" for i, t, x in PASSAGES))
+    index = tmp_path / "index"
+    build_index(load_corpus(corpus), load_encoder("hash"), index, show_progress=False)
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    llm = FakeLLM(competent)
+    monkeypatch.setattr("inference.backends.load_backend", lambda spec, **kw: llm)
+    return {"index": str(index), "data": str(data), "out": tmp_path / "run", "llm": llm}
+
+
+def argv(setup, method="seeds-react", *extra):
+    return ["--method", method, "--data", setup["data"], "--index", setup["index"], "--llm", "hf:fake",
+            "--out", str(setup["out"]), *extra]
+
+
+def test_run_writes_predictions_metrics_and_config(setup, capsys):
+    assert ev.main(argv(setup)) == 0
+    records = load_predictions(setup["out"] / "predictions.jsonl")
+    assert sorted(r["id"] for r in records) == ["a", "b", "c"]
+    first = next(r for r in records if r["id"] == "a")
+    assert first["prediction"] == "Paris" and first["metrics"]["em"] == 1.0
+    for key in ("searches", "doc_tokens", "llm_prompt_tokens", "llm_completion_tokens", "latency_s", "finish_reason",
+                "trace", "docs_read"):
+        assert key in first
+    assert first["searches"][0]["expanded_ranks"] == [1, 2]
+    metrics = json.loads((setup["out"] / "metrics.json").read_text())
+    assert metrics["questions"] == 3 and metrics["em"] == pytest.approx(1 / 3)  # the fake always says Paris
+    assert metrics["docs_per_question"] == 2.0
+    config = json.loads((setup["out"] / "config.json").read_text())
+    assert config["method"] == "seeds-react" and config["env"]["admission"] == "preview"
+    assert "Beyond-prefix" in capsys.readouterr().out
+
+
+def test_killed_run_resumes_without_duplicates(setup):
+    ev.main(argv(setup, "vanilla-rag", "--limit", "2"))  # 2 of 3 done ...
+    path = setup["out"] / "predictions.jsonl"
+    with open(path, "a") as handle:
+        handle.write('{"id": "c", "question": "torn li')  # ... and a third killed mid-write
+    calls_before = len(setup["llm"].prompts)
+    ev.main(argv(setup, "vanilla-rag", "--limit", "2"))  # same config: nothing left to run
+    assert len(setup["llm"].prompts) == calls_before
+    assert [r["id"] for r in load_predictions(path)] == ["a", "b"]
+    with pytest.raises(SystemExit, match="different configuration"):
+        ev.main(argv(setup, "vanilla-rag", "--limit", "3"))
+    ev.main(argv(setup, "vanilla-rag", "--limit", "3", "--overwrite"))
+    ids = [r["id"] for r in load_predictions(path)]
+    assert sorted(ids) == ["a", "b", "c"] and len(ids) == 3
+
+
+def test_resume_runs_only_missing_questions(setup):
+    out = setup["out"]
+    ev.main(argv(setup, "vanilla-llm"))
+    lines = (out / "predictions.jsonl").read_text().splitlines()
+    (out / "predictions.jsonl").write_text("\n".join(lines[:1]) + "\n")
+    calls_before = len(setup["llm"].prompts)
+    ev.main(argv(setup, "vanilla-llm"))
+    assert len(setup["llm"].prompts) - calls_before == 2
+    assert sorted(r["id"] for r in load_predictions(out / "predictions.jsonl")) == ["a", "b", "c"]
+
+
+def test_compare_prints_runs_side_by_side(setup, tmp_path, capsys):
+    ev.main(argv(setup, "vanilla-rag"))
+    other = dict(setup, out=tmp_path / "run2")
+    ev.main(argv(other, "seeds-react"))
+    capsys.readouterr()
+    assert ev.main(["--compare", str(setup["out"]), str(other["out"])]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("run") and table[2].startswith("run ") and table[3].startswith("run2")
+
+
+def test_config_file_and_method_options(setup, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"method: react\nmethod_option: ['k=3']\ndata: {setup['data']}\nindex: {setup['index']}\n"
+                      f"llm: hf:fake\nout: {setup['out']}\n")
+    ev.main(["--config", str(recipe)])
+    config = json.loads((setup["out"] / "config.json").read_text())
+    assert config["method_options"]["k"] == 3 and config["env"]["top_k"] == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("methd: react\n")
+    with pytest.raises(SystemExit, match="methd"):
+        ev.main(["--config", str(bad)])
+
+
+def test_prediction_file_guards(tmp_path):
+    path = tmp_path / "p.jsonl"
+    with PredictionWriter(path) as writer:
+        writer.write({"id": "x"})
+        with pytest.raises(PredictionsFileError):
+            writer.write({"id": "x"})
+    path.write_text('{"id": "x"}\nnot json\n{"id": "y"}\n')
+    with pytest.raises(PredictionsFileError, match="line 2"):
+        load_predictions(path)
+
+
+def test_admission_stats_follow_the_seeds_definitions():
+    records = [{"searches": [
+        {"answer_bearing": [False, True, False, False], "expanded": [2, 3]},  # hit; rank 3 beyond prefix 2
+        {"answer_bearing": [True, False], "expanded": [2]},  # pool has one, admitted missed it; beyond
+        {"answer_bearing": [False, False], "expanded": [1]},  # no answer-bearing candidate: not counted
+    ]}]
+    stats = admission_stats(records)
+    assert stats["answer_bearing_hit_rate"] == 0.5 and stats["answer_bearing_rounds"] == 2
+    assert stats["beyond_prefix_fraction"] == pytest.approx(2 / 4)
