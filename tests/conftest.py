@@ -31,9 +31,20 @@ PASSAGES = [
 _WORD = re.compile(r"\w+")
 
 
+USER_CACHE = os.environ.get("SEEDS_RL_CACHE") or os.path.expanduser("~/.cache/seeds-rl")
+
+
 def pytest_configure(config):
-    """Keep every cache the tests touch out of the user's ~/.cache/seeds-rl."""
-    os.environ.setdefault("SEEDS_RL_CACHE", tempfile.mkdtemp(prefix="seeds-rl-test-cache-"))
+    """Keep every cache the tests touch out of the user's seeds-rl cache ..."""
+    os.environ["SEEDS_RL_CACHE"] = tempfile.mkdtemp(prefix="seeds-rl-test-cache-")
+
+
+@pytest.fixture
+def user_cache(monkeypatch):
+    """... except converted models: tests of the real offline models reuse the user's cache, so the
+    one-off GGUF conversion (about a minute for Gemma 3 270M) happens once per machine."""
+    monkeypatch.setenv("SEEDS_RL_CACHE", USER_CACHE)
+    return USER_CACHE
 
 
 def _words(text: str) -> set[str]:

@@ -58,7 +58,9 @@ class Completion:
     ``finish_reason``: ``"stop"`` (a stop string matched: ``stop_string`` says which, and it
     ends ``text``), ``"eos"`` (the model's end token; not included in ``text`` or
     ``token_ids``), ``"length"`` (``max_tokens`` reached) or ``"error"`` (``error`` says why).
-    ``logprobs[i]`` is the sampler's log-probability of ``token_ids[i]``.
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the model's own distribution
+    (log-softmax of the raw logits, before temperature/top-k/top-p), which is what a trainer's
+    forward pass computes; backends may offer the processed (sampled-from) distribution instead.
     """
 
     text: str
