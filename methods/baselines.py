@@ -11,7 +11,7 @@ from methods.agent_loop import run_agent_turns
 from methods.base import Method, register
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import clean_answer, extract_answer, first_int, last_tag
-from methods.prompts import direct, format_docs, iterative, r1, react
+from methods.prompts import demos, direct, format_docs, iterative, r1, react
 from methods.prompts import o1 as o1_prompts
 from methods.transcript import ChatTranscript, TokenTranscript
 
@@ -65,6 +65,7 @@ class ReActFixedK(Method):
     max_searches: int = 4
     max_actions: int = 10
     max_tokens: int = 256
+    example: bool = True  # show one worked example of the format first
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         return dataclasses.replace(base, admission="prefix", top_k=self.k, max_searches=self.max_searches,
@@ -72,6 +73,7 @@ class ReActFixedK(Method):
 
     async def run(self, ctx: QuestionContext) -> None:
         prompt = react.FIXED_K.format(k=self.k, max_searches=self.max_searches, question=ctx.question)
+        prompt = demos.with_example(prompt, demos.PREFIX) if self.example else prompt
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
 
 
@@ -84,6 +86,7 @@ class ReActDynamicK(Method):
     max_searches: int = 4
     max_actions: int = 10
     max_tokens: int = 256
+    example: bool = True  # show one worked example of the format first
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         # Preview mode gives "retrieve now, open later"; the model never sees the previews.
@@ -103,6 +106,7 @@ class ReActDynamicK(Method):
 
     async def run(self, ctx: QuestionContext) -> None:
         prompt = react.DYNAMIC_K.format(k=self.k, max_searches=self.max_searches, question=ctx.question)
+        prompt = demos.with_example(prompt, demos.DYNAMIC_K) if self.example else prompt
 
         async def hide_previews(outcome: StepOutcome, _: str) -> str | None:
             if outcome.observation.startswith("<snapshot>"):
@@ -134,6 +138,7 @@ class SearchO1(Method):
     max_searches: int = 5
     max_actions: int = 12
     max_tokens: int = 512
+    example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
@@ -141,7 +146,8 @@ class SearchO1(Method):
                                    max_actions=self.max_actions, duplicate_query="allow")
 
     async def run(self, ctx: QuestionContext) -> None:
-        transcript = ChatTranscript(o1_prompts.REASONER.format(max_searches=self.max_searches, question=ctx.question))
+        prompt = o1_prompts.REASONER.format(max_searches=self.max_searches, question=ctx.question)
+        transcript = ChatTranscript(demos.with_example(prompt, demos.REASONING) if self.example else prompt)
 
         async def condense(outcome: StepOutcome, model_text: str) -> str | None:
             if not outcome.valid or not outcome.observation.startswith("<information>"):

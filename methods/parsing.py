@@ -14,12 +14,18 @@ _ANSWER_PREFIX = re.compile(r"^(?:final answer|answer)\s*[:\-]\s*", re.IGNORECAS
 _TAG = re.compile(r"<(search|expand|read|answer|think|information|snapshot)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 
 
+_ANY_TAG = re.compile(r"</?[A-Za-z_]+>")
+
+
 def clean_answer(text: str) -> str:
-    """First line, without an ``Answer:`` prefix, surrounding quotes or a final full stop."""
-    line = next((ln.strip() for ln in text.strip().splitlines() if ln.strip()), "")
+    """First line, without tags, an ``Answer:`` prefix, surrounding quotes or a final full stop."""
+    text = _ANY_TAG.sub(" ", text)
+    line = next((" ".join(ln.split()) for ln in text.strip().splitlines() if ln.strip()), "")
     line = _ANSWER_PREFIX.sub("", line).strip()
     line = line.strip("\"'*` ")
-    return line[:-1].strip() if line.endswith(".") and not line.endswith("..") else line
+    if line.endswith(".") and not line.endswith(".."):
+        line = line[:-1].strip("\"'*` ")
+    return line
 
 
 def extract_answer(text: str) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import last_tag
 from methods.prompts import o1 as o1_prompts
-from methods.prompts import r1, react
+from methods.prompts import demos, r1, react
 from methods.transcript import ChatTranscript, TokenTranscript
 
 
@@ -36,6 +36,7 @@ class SeedsReAct(Method):
     max_searches: int = 4
     max_actions: int = 12
     max_tokens: int = 256
+    example: bool = True  # show one worked example of the format first
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         return _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
@@ -43,6 +44,7 @@ class SeedsReAct(Method):
     async def run(self, ctx: QuestionContext) -> None:
         prompt = react.SEEDS_REACT.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
                                           question=ctx.question)
+        prompt = demos.with_example(prompt, demos.PREVIEW) if self.example else prompt
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
 
 
@@ -54,6 +56,7 @@ class SeedsO1(Method):
     max_searches: int = 5
     max_actions: int = 14
     max_tokens: int = 512
+    example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
@@ -63,6 +66,7 @@ class SeedsO1(Method):
     async def run(self, ctx: QuestionContext) -> None:
         prompt = o1_prompts.SEEDS_REASONER.format(k=self.k, max_expand=self.max_expand,
                                                   max_searches=self.max_searches, question=ctx.question)
+        prompt = demos.with_example(prompt, demos.REASONING_PREVIEW) if self.example else prompt
         transcript = ChatTranscript(prompt)
         last_query = {"text": ctx.question}
 
