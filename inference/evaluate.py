@@ -211,6 +211,9 @@ def log_to_wandb(args: argparse.Namespace, config: dict, metrics: dict, records:
                        r["n_searches"], r["docs_read"])
     run.log({"predictions": table})
     run.finish()
+    if mode == "offline":
+        print(f"W&B: no WANDB_API_KEY, logged offline under {Path(args.out) / 'wandb'}; upload with `wandb sync`",
+              file=sys.stderr)
 
 
 def compare(runs: list[str]) -> str:

@@ -127,3 +127,36 @@ def test_admission_stats_follow_the_seeds_definitions():
     stats = admission_stats(records)
     assert stats["answer_bearing_hit_rate"] == 0.5 and stats["answer_bearing_rounds"] == 2
     assert stats["beyond_prefix_fraction"] == pytest.approx(2 / 4)
+
+
+def test_wandb_logging_goes_offline_without_a_key(setup, monkeypatch):
+    import sys
+    import types
+
+    calls = {}
+
+    class FakeRun:
+        def __init__(self, **kwargs):
+            calls["init"] = kwargs
+            self.summary = {}
+
+        def log(self, data):
+            calls["log"] = data
+
+        def finish(self):
+            calls["finished"] = True
+
+    class FakeTable:
+        def __init__(self, columns):
+            self.columns, self.rows = columns, []
+
+        def add_data(self, *row):
+            self.rows.append(row)
+
+    fake = types.SimpleNamespace(init=lambda **kw: FakeRun(**kw), Table=FakeTable)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    ev.main(argv(setup, "vanilla-rag", "--wandb", "--wandb-project", "proj"))
+    assert calls["init"]["mode"] == "offline" and calls["init"]["project"] == "proj"
+    assert calls["init"]["config"]["method"] == "vanilla-rag"
+    assert len(calls["log"]["predictions"].rows) == 3 and calls["finished"]
