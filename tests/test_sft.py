@@ -1,0 +1,293 @@
+"""SFT warm start: teacher trajectories, the E.2 acceptance filter, the token layout, one TRL run.
+
+Tiny models only (a random two-layer Llama, hidden 64, on a BPE tokenizer trained here), the
+word-overlap retriever of conftest; everything runs on two CPU cores in seconds.
+"""
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fake_llm import FakeLLM
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from envs.config import EnvConfig
+from envs.protocol import CLOSING_TAGS, ExpandAction, parse_action
+from envs.types import QAExample
+from envs.vector_env import SearchVectorEnv
+from inference.backends.base import Completion, GenerationResult, LLMBackend
+from methods.prompts import r1
+from tests.conftest import PASSAGES
+from training import sft
+from training.rollout import RolloutConfig, collect_rollouts
+
+TAGS = ["<think>", "</think>", "<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
+
+
+# ------------------------------------------------------------------------------ tiny model
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES] + list(sft._THINK.values())
+    bpe.train_from_iterator(text * 10, trainer)
+    bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  clean_up_tokenization_spaces=False)
+    tok.add_tokens(TAGS)
+    return tok
+
+
+def tiny_llama(tokenizer) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+class ReplayBackend(LLMBackend):
+    """Returns fixed texts as completions (tokenised without special tokens), one per call per row."""
+
+    name = "replay"
+
+    def __init__(self, model, tokenizer, texts: list[str]):
+        self.model, self.tokenizer, self.texts = model, tokenizer, list(texts)
+        self.device, self.pad_id, self.max_batch_size = torch.device("cpu"), tokenizer.pad_token_id, 8
+
+    def generate(self, requests):
+        results = []
+        for request in requests:
+            text = self.texts.pop(0)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            stop = next(s for s in request.stop if text.endswith(s))
+            results.append(GenerationResult([Completion(text, ids, [-1.0] * len(ids), "stop", stop)]))
+        return results
+
+
+# ------------------------------------------------------------------------------ teachers
+
+def model_actions(record):
+    return [parse_action(s["text"]) for s in record["segments"] if s["role"] == "model"]
+
+
+def test_scripted_teacher_follows_protocol_and_opens_positives(retriever, examples):
+    records = sft.collect_scripted(examples, retriever, EnvConfig(), num_envs=3, seed=0)
+    assert [r["id"] for r in records] == [e.id for e in examples]
+    for record, example in zip(records, examples):
+        assert record["accepted"] and record["reason"] == "correct", record["reason"]
+        roles = [s["role"] for s in record["segments"]]
+        assert roles[0] == "prompt" and roles[-1] == "model"
+        assert all(a != b for a, b in pairwise(roles[1:]))  # model / observation alternate
+        assert record["segments"][0]["text"] == sft.seeds_r1_prompt(example.question)
+        assert all(s["text"].startswith("<think>") for s in record["segments"] if s["role"] == "model")
+        assert record["text"] == sft.trajectory_text(record["segments"])
+        summary = record["summary"]
+        assert summary["n_invalid"] == 0 and summary["answer"] == example.golden_answers[0]
+        assert summary["negatives_opened"] == 0  # positives mode without extra expansions
+        for search in summary["searches"]:
+            assert all(search["positive"][i - 1] for i in search["expanded"])
+            assert sorted(search["expanded"]) == [i + 1 for i, p in enumerate(search["positive"]) if p][:5]
+    assert records[0]["summary"]["positives_opened"] == 2  # q0: p0 and p1 labelled
+
+
+def test_scripted_teacher_random_mode_opens_non_positives(retriever, examples):
+    records = sft.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random",
+                                   random_expand=2)
+    assert all(r["accepted"] for r in records)
+    opened = [s for r in records for s in r["summary"]["searches"]]
+    assert all(len(s["expanded"]) == 2 for s in opened)
+    assert sum(r["summary"]["negatives_opened"] for r in records) > 0
+    # Random choices, seeded per example: the same call gives the same trajectories.
+    again = sft.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random")
+    assert [r["text"] for r in again] == [r["text"] for r in records]
+
+
+def test_scripted_teacher_searches_positive_title_when_not_shown(retriever):
+    example = QAExample("qx", "What is the capital of France?", ("Danube",), positive_titles=("Danube",))
+    (record,) = sft.collect_scripted([example], retriever, EnvConfig(), num_envs=1)
+    queries = [a.query for a in model_actions(record) if hasattr(a, "query")]
+    assert queries == [example.question, "Danube"]
+    assert record["summary"]["positives_opened"] == 1 and record["accepted"]
+
+
+def test_method_teacher_converts_traces(retriever, examples):
+    def respond(prompt: str) -> str:
+        if prompt.rstrip().endswith("</information>"):
+            return "<think>found it</think><answer>Paris</answer>"
+        if prompt.rstrip().endswith("</snapshot>"):
+            return "<expand>1, 2</expand>"
+        return "<think>search</think><search>capital of France</search>"
+
+    unknown = QAExample("qz", "Which mountain is the tallest in Africa?", ("Kilimanjaro",))
+    records = sft.collect_with_method([examples[0], unknown], retriever, "seeds-react", FakeLLM(respond))
+    first, second = records
+    assert first["teacher"] == "method:seeds-react" and first["accepted"] and first["reason"] == "correct"
+    assert [s["role"] for s in first["segments"]] == ["prompt", "model", "observation", "model", "observation",
+                                                      "model"]
+    assert first["segments"][0]["text"] == sft.seeds_r1_prompt(examples[0].question)
+    assert first["segments"][1]["text"] == "<think>search</think><search>capital of France</search>"
+    assert first["segments"][2]["text"].startswith("<snapshot>")
+    assert first["summary"]["searches"][0]["ids"].__len__() == 5  # SEEDS-R1 K, not seeds-react's 10
+    assert not second["accepted"] and second["reason"] == "wrong_answer"  # gold never observed
+    with pytest.raises(ValueError, match="not the SEEDS-R1 protocol"):
+        sft.method_teacher("react")
+
+
+# ------------------------------------------------------------------------------ acceptance
+
+def test_acceptance_filter(retriever, examples):
+    france = examples[0]
+    play = lambda actions, ex=france: sft.play_actions(ex, actions, retriever)
+    good = play(["<search>capital France</search>", "<expand>1</expand>", "<answer>Paris</answer>"])
+    assert (good["accepted"], good["reason"]) == (True, "correct")
+    invalid = play(["I think", "<search>capital France</search>", "<expand>1</expand>", "<answer>Paris</answer>"])
+    assert (invalid["accepted"], invalid["reason"]) == (False, "invalid_action")
+    unanswered = play(["<search>capital France</search>", "<expand>1</expand>"])
+    assert (unanswered["accepted"], unanswered["reason"]) == (False, "no_answer")
+    # Wrong answer, gold never observed (the Spree question, only Japanese passages shown) ...
+    spree = examples[1]
+    blind = play(["<search>Tokyo Japan</search>", "<expand>1</expand>", "<answer>Seine</answer>"], spree)
+    assert (blind["accepted"], blind["reason"]) == (False, "wrong_answer")
+    # ... and wrong but the gold answer was in an observation: accepted (E.2).
+    seen = play(["<search>river Berlin</search>", "<expand>1</expand>", "<answer>Seine</answer>"], spree)
+    assert "Spree" in seen["text"] and (seen["accepted"], seen["reason"]) == (True, "gold_observed")
+    # An expand must follow every search; a record edited to skip it is rejected.
+    skipped = dict(good, segments=[s for s in good["segments"] if "<expand>" not in s["text"]])
+    assert sft.acceptance(skipped) == (False, "search_without_expand")
+    # With the env's require_expand off, the env allows it, the filter does not.
+    loose = sft.play_actions(france, ["<search>capital France</search>", "<answer>Paris</answer>"], retriever,
+                             EnvConfig(require_expand=False))
+    assert loose["summary"]["n_invalid"] == 0 and loose["reason"] == "search_without_expand"
+
+
+def test_train_dev_split_is_deterministic():
+    records = [{"id": f"q{i}", "k": k} for i in range(20) for k in range(2)]
+    train, dev = sft.split_train_dev(records, 0.1, seed=3)
+    assert len({r["id"] for r in dev}) == 2 and len(train) + len(dev) == 40
+    assert not {r["id"] for r in train} & {r["id"] for r in dev}  # a question's records stay together
+    assert sft.split_train_dev(records, 0.1, seed=3) == (train, dev)
+    assert sft.split_train_dev(list(reversed(records)), 0.1, seed=3)[1] == list(reversed(dev))
+    assert {r["id"] for r in sft.split_train_dev(records, 0.1, seed=4)[1]} != {r["id"] for r in dev}
+
+
+# ------------------------------------------------------------------------------ token layout
+
+def test_layout_matches_rollout(tokenizer, retriever, examples):
+    model = tiny_llama(tokenizer).eval()
+    records = sft.collect_scripted(examples[:2], retriever, EnvConfig(), num_envs=2, seed=0)
+    for record, example in zip(records, examples):
+        texts = [s["text"] for s in record["segments"] if s["role"] == "model"]
+        backend = ReplayBackend(model, tokenizer, texts)
+        venv = SearchVectorEnv(retriever, num_envs=1, config=EnvConfig())
+        (episode,) = collect_rollouts(backend, venv, [example], RolloutConfig(temperature=0.0))
+        assert episode.finish_reason == "answer"
+        layout = sft.tokenize_trajectory(record, tokenizer)
+        assert layout["input_ids"] == episode.token_ids
+        assert layout["loss_mask"] == episode.loss_mask
+        # Closing tags and the final EOS are trained; observations and the prompt are not.
+        ids, mask = layout["input_ids"], layout["loss_mask"]
+        assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 1
+        closing = {tokenizer.convert_tokens_to_ids(t) for t in CLOSING_TAGS}
+        assert all(mask[t] == 1 for t, i in enumerate(ids) if i in closing and t >= episode.prompt_length)
+        observed = tokenizer.decode([i for i, m in zip(ids[episode.prompt_length:], mask[episode.prompt_length:])
+                                     if m == 0])
+        assert "<snapshot>" in observed and "<information>" in observed and "<search>" not in observed
+        # The episode read back as a record gives the same layout.
+        back = sft.trajectory_from_episode(episode, tokenizer, example)
+        assert back["accepted"] and sft.tokenize_trajectory(back, tokenizer) == layout
+        rows = sft.sft_rows([record], tokenizer)
+        assert rows[0]["labels"] == [i if m else -100 for i, m in zip(ids, mask)]
+    assert sft.sft_rows(records, tokenizer, max_length=10) == []  # too long: dropped, never cut
+
+
+# ------------------------------------------------------------------------------ training
+
+def test_sft_steps_lower_loss_and_dev_eval_keeps_best(tokenizer, retriever, examples, tmp_path):
+    records = sft.collect_scripted(examples, retriever, EnvConfig(), num_envs=4, seed=0)
+    train, dev = records[:2], records[2:]
+    config = sft.WarmStartConfig(output_dir=str(tmp_path / "sft"), epochs=4, learning_rate=3e-3, batch_size=4,
+                                 logging_steps=1, warmup_ratio=0.0, eval_max_turn_tokens=6, eval_batch_size=2,
+                                 device="cpu")
+    model = tiny_llama(tokenizer)
+    rows = sft.sft_rows(train * 2, tokenizer)
+    trainer = sft.build_trainer(rows, config, model, tokenizer)
+    # TRL keeps our labels: loss only on model tokens.
+    assert trainer.train_dataset[0]["labels"] == rows[0]["labels"]
+    assert trainer.train_dataset[0]["input_ids"] == rows[0]["input_ids"]
+    trainer.train()
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert len(losses) == 4 and losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.5
+
+    summary = sft.train_sft(train * 2, dev, dataclass_replace(config, epochs=2), model=tiny_llama(tokenizer),
+                            tokenizer=tokenizer, retriever=retriever)
+    assert [h["epoch"] for h in summary["history"]] == [0, 1.0, 2.0]
+    assert summary["best_epoch"] in (1.0, 2.0) and summary["dev_questions"] == 2
+    saved = LlamaForCausalLM.from_pretrained(summary["model_dir"])
+    assert saved.config.hidden_size == 64
+    assert json.loads((tmp_path / "sft" / "sft_summary.json").read_text())["model_dir"] == summary["model_dir"]
+
+
+def dataclass_replace(config, **changes):
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
+    base = tmp_path / "tiny"
+    tiny_llama(tokenizer).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    examples = [QAExample(f"w{i}", q, (a,)) for i, (q, a) in enumerate(
+        [("What is the capital of France?", "Paris"), ("Which river flows through Berlin?", "Spree"),
+         ("What is the capital of Japan?", "Tokyo"), ("Which river flows through Vienna?", "Danube")])]
+    ppo_cfg = SimpleNamespace(model=str(base), output_dir=str(tmp_path / "ppo"), seed=0, lora=True, lora_r=4,
+                              lora_alpha=8, sft_epochs=1, sft_batch_size=2, sft_dev_limit=1, sft_learning_rate=1e-3,
+                              sft_eval_max_turn_tokens=8)
+    # warm_start collects on default questions; here the run is pointed at the four examples above.
+    original = sft.load_examples
+    sft.load_examples = lambda config: examples
+    try:
+        path = sft.warm_start(ppo_cfg, retriever=retriever)
+    finally:
+        sft.load_examples = original
+    out = tmp_path / "ppo" / "sft"
+    assert path == str(out / "model") and (out / "adapter" / "adapter_config.json").is_file()
+    merged = LlamaForCausalLM.from_pretrained(path)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    resolved = sft.WarmStartConfig.from_yaml(out / "config.yaml")
+    assert resolved.teacher_expand == "random" and resolved.lora and resolved.epochs == 1
+    stats = json.loads((out / "acceptance.json").read_text())
+    assert stats["accepted"] == 4 and stats["train"] + stats["dev"] == 4
+
+
+def test_cli_config_and_collect_only(retriever, examples, tmp_path, monkeypatch):
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text("model: tiny\nepochs: 5\nteacher_expand: random\n")
+    config, args = sft.resolve_config(["--config", str(recipe), "--set", "epochs=2", "--set", "lora=true",
+                                       "--output-dir", str(tmp_path / "out"), "--collect-only"])
+    assert (config.model, config.epochs, config.lora, config.teacher_expand) == ("tiny", 2, True, "random")
+    assert args.collect_only and config.output_dir == str(tmp_path / "out")
+    with pytest.raises(SystemExit):
+        sft.resolve_config(["--set", "no_such_field=1"])
+    result = sft.run(config, collect_only=True, retriever=retriever, examples=examples)
+    assert result["accepted"] == 4
+    lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [e.id for e in examples]
+    assert sft.WarmStartConfig.from_yaml(tmp_path / "out" / "config.yaml") == config
+    assert sft.WarmStartConfig.from_yaml("configs/sft/default.yaml").teacher == "scripted"
+    # Training from the file re-judges every record with the filter.
+    record = json.loads(lines[0])
+    assert sft.acceptance(record) == (record["accepted"], record["reason"])
+    assert isinstance(parse_action(record["segments"][3]["text"]), ExpandAction)

@@ -1,0 +1,931 @@
+"""SFT warm start of the SEEDS-R1 policy (paper appendix E.2), with TRL's ``SFTTrainer``.
+
+Three stages, each usable alone:
+
+1. **Collect** trajectories in the SEEDS-R1 protocol (one JSONL record per episode):
+
+   - the *scripted teacher* (:func:`collect_scripted`): gold-guided, no LLM. It searches the
+     question (and, when no positive was among the candidates, a positive's title or the gold
+     answer), expands either the positives among the candidates (``teacher_expand="positives"``,
+     plus ``teacher_extra_expand`` random others) or random candidates
+     (``teacher_expand="random"``: the warm start then teaches the protocol but not WHICH
+     candidates to open, leaving that to PPO), and answers with the gold answer; short
+     templated ``<think>`` texts precede each action. Runs through :class:`SearchVectorEnv`.
+   - the *method teacher* (:func:`collect_with_method`): a registered method (``seeds-react``
+     or ``seeds-r1``, whose env actions are the SEEDS-R1 protocol) behind any backend spec, run by
+     :mod:`methods.runner`; its env traces are rewritten as SEEDS-R1 trajectories.
+
+2. **Filter and split**: :func:`acceptance` keeps an episode when the protocol was followed (no
+   invalid action, every search followed by an expand, ended with an answer) AND the answer is
+   exactly right or a gold answer appeared in some observation; :func:`split_train_dev` makes a
+   seeded 90/10 split.
+
+3. **Train** (:func:`train_sft`): every record becomes ``input_ids`` + ``labels`` in the exact
+   token layout of :mod:`training.rollout` (:func:`tokenize_trajectory`): prompt ids from
+   ``tokenizer(prompt, add_special_tokens=True)``, model segments with
+   ``add_special_tokens=False`` (loss on them, closing tags included), observations as
+   ``"\\n" + observation + "\\n"`` (no loss), and the EOS after the final answer (loss on it).
+   After each epoch :class:`DevEMCallback` runs the current model greedily over the dev
+   questions (:func:`training.rollout.collect_rollouts`) and saves it when its dev EM is the
+   best so far; the best one is returned as a Hugging Face folder (LoRA merged on request).
+
+Trajectory record (``trajectories.jsonl``)::
+
+    {"id", "question", "golden_answers", "example": QAExample.to_dict(), "teacher",
+     "segments": [{"role": "prompt" | "model" | "observation", "text"}, ...],
+     "text": prompt + model texts + "\\n" + observation + "\\n" ... (the decoded layout, no EOS),
+     "ended_with_answer": bool, "summary": the env's episode summary, "accepted", "reason"}
+
+Observation segments hold the env's observation as returned; the ``"\\n"`` around it is added
+by the layout. Entry points: :func:`warm_start` (used by the PPO trainer), :func:`run` and the
+CLI (``python -m training.sft --config configs/sft/default.yaml`` or through
+``accelerate launch training/sft.py ...``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script (accelerate launch training/sft.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import yaml
+
+from envs.atomic import write_jsonl_atomic, write_text_atomic
+from envs.config import EnvConfig
+from envs.metrics import answer_bearing, normalize_answer
+from envs.protocol import (
+    AnswerAction,
+    ExpandAction,
+    SearchAction,
+    format_answer,
+    format_expand,
+    format_search,
+    parse_action,
+)
+from envs.types import QAExample
+
+log = logging.getLogger("training.sft")
+
+TEACHER_EXPAND_MODES = ("positives", "random")
+PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
+ROLES = ("prompt", "model", "observation")
+
+
+# ================================================================================ configuration
+
+@dataclass
+class WarmStartConfig:
+    """Everything one warm start needs; loadable from YAML (:meth:`from_yaml`), CLI overrides on top."""
+
+    # model
+    model: str = "gemma3-270m"  # spec for inference.models (packaged name, HF folder, cached hub id)
+    dtype: str = "auto"  # float32 on CPU, bf16 on CUDA when supported
+    device: str = "auto"
+    output_dir: str = "runs/sft"
+    seed: int = 0
+    # data
+    data: str | None = None  # QA spec for envs.data.load_qa; None: the embedded default questions
+    split: str = "train"
+    num_questions: int = 200  # default questions generated (or the limit for `data`)
+    question_seed: int = 1000  # seed of the generated questions (keep it apart from evaluation's seed 0)
+    index: str | None = None  # retriever folder; None: the embedded default retriever
+    corpus: str | None = None
+    env: dict = field(default_factory=dict)  # EnvConfig overrides (defaults = SEEDS-R1 limits)
+    # teacher
+    teacher: str = "scripted"  # "scripted" or "method"
+    teacher_expand: str = "positives"  # scripted: "positives" (+ extra random) or "random"
+    teacher_extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
+    teacher_random_expand: int = 2  # scripted, random mode: candidates opened per snapshot
+    teacher_second_search: bool = True  # scripted: search a positive's title when no positive was shown
+    teacher_think: bool = True  # scripted: a short <think> before every action
+    teacher_method: str = "seeds-react"  # method teacher: registered method name
+    teacher_llm: str = "openai:default"  # method teacher: backend spec (inference.backends.load_backend)
+    teacher_llm_options: dict = field(default_factory=dict)
+    teacher_method_options: dict = field(default_factory=dict)  # merged over the SEEDS-R1 limits
+    teacher_concurrency: int = 32
+    num_envs: int = 16  # batched env slots (scripted teacher, dev evaluation)
+    trajectories: str | None = None  # train from this JSONL instead of collecting
+    dev_fraction: float = 0.1
+    # training
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: Any = "all-linear"
+    merge_lora: bool = True  # save the best model with the adapter merged in (else the adapter folder)
+    epochs: int = 3
+    learning_rate: float = 1e-5
+    batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    warmup_ratio: float = 0.05  # fraction of the steps (TrainingArguments.warmup_steps as a float < 1)
+    weight_decay: float = 0.0
+    max_length: int = 4096  # longer trajectories are dropped (never cut: the answer is at the end)
+    gradient_checkpointing: bool = False
+    logging_steps: int = 5
+    report_to: str = "none"
+    # dev evaluation (greedy SEEDS-R1 rollouts after each epoch; best checkpoint kept)
+    dev_eval: bool = True
+    dev_limit: int | None = 100
+    eval_before: bool = True  # also measure the model before training (logged, never selected)
+    eval_max_turn_tokens: int = 256
+    eval_max_context_tokens: int = 4096
+    eval_batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.teacher not in ("scripted", "method"):
+            raise ValueError(f"teacher must be 'scripted' or 'method', not {self.teacher!r}")
+        if self.teacher_expand not in TEACHER_EXPAND_MODES:
+            raise ValueError(f"teacher_expand must be one of {TEACHER_EXPAND_MODES}, not {self.teacher_expand!r}")
+        if not 0.0 <= self.dev_fraction < 1.0:
+            raise ValueError("dev_fraction must lie in [0, 1)")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> WarmStartConfig:
+        values = {k.replace("-", "_"): v for k, v in (values or {}).items()}
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown warm-start config keys: {sorted(unknown)}")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict | None = None) -> WarmStartConfig:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(values, dict):
+            raise TypeError(f"{path}: expected a mapping of warm-start settings")
+        return cls.from_dict({**values, **(overrides or {})})
+
+    def env_config(self) -> EnvConfig:
+        return EnvConfig.from_dict(self.env) if self.env else EnvConfig()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ================================================================================ records
+
+def _record(example: QAExample, teacher: str, prompt: str, turns: list[tuple[str, str]], summary: dict,
+            ended_with_answer: bool) -> dict:
+    """A trajectory record; ``turns`` are ``(role, text)`` after the prompt."""
+    segments = [{"role": "prompt", "text": prompt}] + [{"role": r, "text": t} for r, t in turns]
+    record = {
+        "id": example.id,
+        "question": example.question,
+        "golden_answers": list(example.golden_answers),
+        "example": example.to_dict(),
+        "teacher": teacher,
+        "segments": segments,
+        "text": trajectory_text(segments),
+        "ended_with_answer": ended_with_answer,
+        "summary": summary,
+    }
+    accepted, reason = acceptance(record)
+    record.update(accepted=accepted, reason=reason)
+    return record
+
+
+def trajectory_text(segments: Sequence[dict]) -> str:
+    """The decoded layout: prompt, model texts, observations wrapped in ``"\\n"`` (no EOS)."""
+    return "".join(f"\n{s['text']}\n" if s["role"] == "observation" else s["text"] for s in segments)
+
+
+def example_of(record: dict) -> QAExample:
+    from envs.data import example_from_record
+
+    return example_from_record(record["example"], record["id"])
+
+
+def seeds_r1_prompt(question: str) -> str:
+    from training.rollout import default_prompt_fn
+
+    return default_prompt_fn()(question)
+
+
+# ================================================================================ acceptance
+
+def acceptance(record: dict) -> tuple[bool, str]:
+    """SEEDS-R1 E.2: protocol followed AND (EM == 1 OR a gold answer was observed).
+
+    Reasons: ``"correct"`` / ``"gold_observed"`` (accepted); ``"invalid_action"``,
+    ``"search_without_expand"``, ``"no_answer"``, ``"wrong_answer"`` (rejected).
+    """
+    summary = record.get("summary") or {}
+    segments = record["segments"]
+    actions = [parse_action(s["text"]) for s in segments if s["role"] == "model"]
+    if summary.get("n_invalid", 0) > 0 or any(not isinstance(a, (SearchAction, ExpandAction, AnswerAction))
+                                              for a in actions):
+        return False, "invalid_action"
+    for i, action in enumerate(actions):
+        if isinstance(action, SearchAction) and not (i + 1 < len(actions) and isinstance(actions[i + 1], ExpandAction)):
+            return False, "search_without_expand"
+    if not actions or not isinstance(actions[-1], AnswerAction) or summary.get("answer") is None \
+            or not record.get("ended_with_answer", True):
+        return False, "no_answer"
+    if float((summary.get("metrics") or {}).get("em", 0.0)) == 1.0:
+        return True, "correct"
+    golds = record["golden_answers"]
+    if any(answer_bearing(s["text"], golds) for s in segments if s["role"] == "observation"):
+        return True, "gold_observed"
+    return False, "wrong_answer"
+
+
+def split_train_dev(records: Sequence[dict], dev_fraction: float = 0.1, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Seeded split by question id: every record of a question lands on the same side.
+
+    ``dev`` gets ``round(dev_fraction * questions)`` questions (at least one when
+    ``dev_fraction > 0`` and there are two or more questions).
+    """
+    ids = sorted({r["id"] for r in records})
+    random.Random(seed).shuffle(ids)
+    n_dev = round(dev_fraction * len(ids))
+    if dev_fraction > 0 and n_dev == 0 and len(ids) >= 2:
+        n_dev = 1
+    dev_ids = set(ids[:n_dev])
+    return [r for r in records if r["id"] not in dev_ids], [r for r in records if r["id"] in dev_ids]
+
+
+# ================================================================================ scripted teacher
+
+_THINK = {
+    "search": "I need facts I do not have yet, so I will search for them.",
+    "expand": "Candidates {ids} look worth reading in full.",
+    "expand_none": "None of these candidates looks useful.",
+    "search_again": "The candidates miss the subject; I will search for {query} instead.",
+    "answer": "The passages I read are enough to answer.",
+}
+
+
+def _think(text: str, enabled: bool) -> str:
+    return f"<think>{text}</think>\n" if enabled else ""
+
+
+class ScriptedTeacher:
+    """Gold-guided policy state for one episode; :meth:`act` gets the env's last info."""
+
+    def __init__(self, example: QAExample, env_config: EnvConfig, expand: str = "positives", extra_expand: int = 0,
+                 random_expand: int = 2, second_search: bool = True, think: bool = True,
+                 rng: random.Random | None = None):
+        if expand not in TEACHER_EXPAND_MODES:
+            raise ValueError(f"expand must be one of {TEACHER_EXPAND_MODES}")
+        self.example, self.config = example, env_config
+        self.expand_mode, self.extra_expand, self.random_expand = expand, extra_expand, random_expand
+        self.second_search, self.think = second_search, think
+        self.rng = rng or random.Random(0)
+        self.searched: list[str] = []
+        self.shown_titles: set[str] = set()
+
+    def first(self) -> str:
+        self.searched.append(self.example.question)
+        return _think(_THINK["search"], self.think) + format_search(self.example.question)
+
+    def act(self, info: dict) -> str:
+        """The next action after an env step whose info was ``info``."""
+        search = info.get("search")
+        if info.get("action") == "search" and search is not None and search["ids"]:
+            return self._expand(search)
+        return self._after_information(search)
+
+    def _expand(self, search: dict) -> str:
+        n = len(search["ids"])
+        self.shown_titles.update(normalize_answer(t) for t in search["titles"])
+        limit = self.config.max_expand
+        if self.expand_mode == "positives":
+            chosen = [i + 1 for i in range(n) if search["positive"][i]][:limit]
+            others = [i + 1 for i in range(n) if not search["positive"][i]]
+            extra = self.rng.sample(others, min(self.extra_expand, len(others), max(0, limit - len(chosen))))
+            chosen = sorted(chosen + extra)
+        else:
+            chosen = sorted(self.rng.sample(range(1, n + 1), min(self.random_expand, n, limit)))
+        self._found_positive = any(search["positive"])
+        if not chosen:
+            return _think(_THINK["expand_none"], self.think) + format_expand([])
+        return _think(_THINK["expand"].format(ids=", ".join(map(str, chosen))), self.think) + format_expand(chosen)
+
+    def _after_information(self, search: dict | None) -> str:
+        found = getattr(self, "_found_positive", True)
+        if self.second_search and not found and len(self.searched) < self.config.max_searches:
+            query = self._second_query()
+            if query is not None:
+                self.searched.append(query)
+                return _think(_THINK["search_again"].format(query=query), self.think) + format_search(query)
+        return _think(_THINK["answer"], self.think) + format_answer(self.example.golden_answers[0])
+
+    def _second_query(self) -> str | None:
+        seen = {normalize_answer(q) for q in self.searched}
+        options = [t for t in self.example.positive_titles if normalize_answer(t) not in self.shown_titles]
+        options += list(self.example.golden_answers)
+        for query in options:
+            if normalize_answer(query) and normalize_answer(query) not in seen:
+                return query
+        return None
+
+
+def collect_scripted(examples: Sequence[QAExample], retriever: Any, env_config: EnvConfig | None = None,
+                     num_envs: int = 16, seed: int = 0, expand: str = "positives", extra_expand: int = 0,
+                     random_expand: int = 2, second_search: bool = True, think: bool = True,
+                     tokenizer: Any | None = None) -> list[dict]:
+    """One scripted-teacher trajectory per example, ``num_envs`` episodes per env step."""
+    from envs.vector_env import SearchVectorEnv
+
+    env_config = env_config or EnvConfig()
+    venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples) or 1)), config=env_config,
+                           tokenizer=tokenizer)
+    teacher_name = f"scripted:{expand}"
+    records: list[dict] = []
+    for start in range(0, len(examples), venv.num_envs):
+        batch = list(examples[start:start + venv.num_envs])
+        n = len(batch)
+        padded = batch + [batch[0]] * (venv.num_envs - n)
+        venv.reset(seed=seed + start, examples=padded)
+        teachers = [ScriptedTeacher(ex, env_config, expand, extra_expand, random_expand, second_search, think,
+                                    random.Random(f"{seed}:{ex.id}")) for ex in batch]
+        turns: list[list[tuple[str, str]]] = [[] for _ in batch]
+        pending: list[str | None] = [t.first() for t in teachers] + [None] * (venv.num_envs - n)
+        summaries: list[dict | None] = [None] * n
+        answered = [False] * n
+        while any(a is not None for a in pending):
+            observations, _, terminated, truncated, infos = venv.step(pending)
+            following: list[str | None] = [None] * venv.num_envs
+            for k in range(n):
+                if pending[k] is None:
+                    continue
+                turns[k].append(("model", pending[k]))
+                if terminated[k] or truncated[k]:
+                    summaries[k] = infos[k]["episode"]
+                    answered[k] = bool(terminated[k])
+                    continue
+                turns[k].append(("observation", observations[k]))
+                following[k] = teachers[k].act(infos[k])
+            pending = following
+        for k, example in enumerate(batch):
+            records.append(_record(example, teacher_name, seeds_r1_prompt(example.question), turns[k], summaries[k],
+                                   answered[k]))
+    return records
+
+
+def play_actions(example: QAExample, model_texts: Sequence[str], retriever: Any, env_config: EnvConfig | None = None,
+                 teacher: str = "replay", seed: int = 0) -> dict:
+    """The trajectory record of fixed model turns played in a fresh :class:`SearchEnv` (stops when
+    the env ends the episode; turns left over are ignored). For hand-written demonstrations and tests."""
+    from envs.search_env import SearchEnv
+
+    env = SearchEnv(retriever, None, env_config or EnvConfig())
+    env.reset(seed=seed, options={"example": example})
+    turns: list[tuple[str, str]] = []
+    summary, answered = None, False
+    for text in model_texts:
+        observation, _, terminated, truncated, info = env.step(text)
+        turns.append(("model", text))
+        if terminated or truncated:
+            summary, answered = info["episode"], bool(terminated)
+            break
+        turns.append(("observation", observation))
+    if summary is None:
+        summary = env.summary()
+    return _record(example, teacher, seeds_r1_prompt(example.question), turns, summary, answered)
+
+
+# ================================================================================ method teacher
+
+def method_teacher(name: str, options: dict | None = None):
+    """The registered method ``name`` with the SEEDS-R1 limits (K=5, expand <= 5, 4 searches, 10 actions)."""
+    if name not in PROTOCOL_METHODS:
+        raise ValueError(f"method {name!r} cannot teach SEEDS-R1: its env actions are not the SEEDS-R1 protocol "
+                         f"(search -> snapshot -> expand -> answer); use one of {PROTOCOL_METHODS}")
+    import methods.base
+
+    limits = {"k": 5, "max_expand": 5, "max_searches": 4, "max_actions": 10}
+    return methods.base.get(name, **{**limits, **(options or {})})
+
+
+def record_from_method(result: dict, example: QAExample, teacher: str) -> dict:
+    """A runner prediction record (with its trace) as a SEEDS-R1 trajectory.
+
+    Each env step becomes one model segment and (unless it ended the episode) one observation.
+    The model segment is the LLM turn that produced the action (its reasoning included) when
+    the step followed one; a step the method made itself (a forced ``<expand>none</expand>``,
+    a cleaned forced answer) appears as the action text.
+    """
+    turns: list[tuple[str, str]] = []
+    last_output: str | None = None
+    finished_with_answer = False
+    for event in result.get("trace", []):
+        if event.get("type") == "llm":
+            last_output = event.get("output") if event.get("tag") == "turn" else None
+        elif event.get("type") == "env":
+            text = last_output if last_output is not None and last_output == event["action"] else event["action"]
+            last_output = None
+            turns.append(("model", text))
+            if event.get("kind") == "answer":
+                finished_with_answer = True
+                break
+            turns.append(("observation", event["observation"]))
+    summary = {
+        "example_id": result["id"], "question": result["question"], "golden_answers": result["golden_answers"],
+        "answer": result.get("prediction"), "metrics": result.get("metrics", {}),
+        "n_searches": result.get("n_searches", 0), "n_invalid": result.get("n_invalid", 0),
+        "docs_read": result.get("docs_read", 0), "positives_opened": result.get("positives_opened", 0),
+        "negatives_opened": result.get("negatives_opened", 0), "positives_shown": result.get("positives_shown", 0),
+        "searches": result.get("searches", []), "finish_reason": result.get("finish_reason"),
+    }
+    if turns and turns[-1][0] == "observation":  # the env ended the episode without an answer
+        turns.pop()
+    return _record(example, teacher, seeds_r1_prompt(example.question), turns, summary, finished_with_answer)
+
+
+def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: str, llm: Any,
+                        env_config: EnvConfig | None = None, method_options: dict | None = None,
+                        concurrency: int = 32, seed: int = 0) -> list[dict]:
+    """Run ``method`` (an instance is built from its name) with backend ``llm`` (an ``LLMBackend`` or a
+    spec) over ``examples`` through :mod:`methods.runner`, and convert every record."""
+    from methods.runner import run_questions_sync
+
+    teacher = method_teacher(method, method_options)
+    if isinstance(llm, str):
+        from inference.backends import load_backend
+
+        llm = load_backend(llm)
+    results = run_questions_sync(teacher, examples, llm, retriever, env_config or EnvConfig(),
+                                 concurrency=concurrency, seed=seed)
+    return [record_from_method(r, ex, f"method:{method}") for r, ex in zip(results, examples)]
+
+
+# ================================================================================ token layout
+
+def tokenize_trajectory(record: dict, tokenizer: Any) -> dict[str, list[int]]:
+    """``input_ids`` and ``loss_mask`` exactly as :func:`training.rollout.collect_rollouts` lays
+    out the same episode (the EOS after an accepted final answer is a trained token)."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for segment in record["segments"]:
+        role, text = segment["role"], segment["text"]
+        if role == "prompt":
+            piece = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+            bit = 0
+        elif role == "model":
+            piece, bit = list(tokenizer(text, add_special_tokens=False)["input_ids"]), 1
+        elif role == "observation":
+            piece, bit = list(tokenizer("\n" + text + "\n", add_special_tokens=False)["input_ids"]), 0
+        else:
+            raise ValueError(f"unknown segment role {role!r}")
+        ids += piece
+        mask += [bit] * len(piece)
+    model_segments = [s for s in record["segments"] if s["role"] == "model"]
+    if record.get("ended_with_answer", True) and model_segments and model_segments[-1]["text"].rstrip().endswith(
+            "</answer>"):
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no EOS token")
+        ids.append(tokenizer.eos_token_id)
+        mask.append(1)
+    return {"input_ids": ids, "loss_mask": mask}
+
+
+def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, teacher: str = "policy") -> dict:
+    """A rollout :class:`training.rollout.Episode` as a trajectory record (segments decoded from its
+    mask runs), e.g. to keep a policy's own accepted episodes for further SFT."""
+    eos = tokenizer.eos_token_id
+    ids, mask = list(episode.token_ids), list(episode.loss_mask)
+    ended = bool(ids) and ids[-1] == eos and mask[-1] == 1 and episode.finish_reason == "answer"
+    if ended:
+        ids, mask = ids[:-1], mask[:-1]
+    segments = [{"role": "prompt", "text": tokenizer.decode(ids[:episode.prompt_length], skip_special_tokens=True)}]
+    start = episode.prompt_length
+    for t in range(start + 1, len(ids) + 1):
+        if t == len(ids) or mask[t] != mask[start]:
+            text = tokenizer.decode(ids[start:t], skip_special_tokens=False)
+            if mask[start]:
+                segments.append({"role": "model", "text": text})
+            else:
+                segments.append({"role": "observation", "text": text[1:-1] if text.startswith("\n") and
+                                 text.endswith("\n") else text})
+            start = t
+    record = {"id": example.id, "question": example.question, "golden_answers": list(example.golden_answers),
+              "example": example.to_dict(), "teacher": teacher, "segments": segments,
+              "text": trajectory_text(segments), "ended_with_answer": ended, "summary": dict(episode.info)}
+    record["accepted"], record["reason"] = acceptance(record)
+    return record
+
+
+def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None) -> list[dict]:
+    """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped."""
+    rows = []
+    for record in records:
+        layout = tokenize_trajectory(record, tokenizer)
+        if max_length is not None and len(layout["input_ids"]) > max_length:
+            log.warning("dropping trajectory %s: %d tokens > max_length %d", record["id"], len(layout["input_ids"]),
+                        max_length)
+            continue
+        labels = [t if m else -100 for t, m in zip(layout["input_ids"], layout["loss_mask"])]
+        rows.append({"input_ids": layout["input_ids"], "labels": labels})
+    return rows
+
+
+# ================================================================================ dev evaluation
+
+def dev_em(model: Any, tokenizer: Any, examples: Sequence[QAExample], retriever: Any,
+           env_config: EnvConfig | None = None, num_envs: int = 16, max_turn_tokens: int = 256,
+           max_context_tokens: int = 4096, seed: int = 0) -> dict[str, float]:
+    """Greedy SEEDS-R1 rollouts of ``model`` over ``examples``: :func:`rollout_stats` (``em`` etc.)."""
+    from envs.vector_env import SearchVectorEnv
+    from inference.backends.hf import HFBackend
+    from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
+
+    was_training = model.training
+    model.eval()
+    try:
+        backend = HFBackend(model, tokenizer, max_batch_size=num_envs)
+        venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples))),
+                               config=env_config or EnvConfig(), tokenizer=tokenizer)
+        config = RolloutConfig(max_turn_tokens=max_turn_tokens, max_context_tokens=max_context_tokens,
+                               temperature=0.0, seed=seed)
+        episodes = collect_rollouts(backend, venv, examples, config)
+    finally:
+        model.train(was_training)
+    return rollout_stats(episodes)
+
+
+def _dev_eval_callback_class():
+    from transformers import TrainerCallback
+
+    class DevEMCallback(TrainerCallback):
+        """After each epoch: dev EM of the current model; saves it into ``best_dir`` when it is the best
+        so far (ties go to the later epoch). ``history`` holds ``{"epoch", "em", ...}`` per evaluation."""
+
+        def __init__(self, evaluate: Callable[[Any], dict], best_dir: Path, tokenizer: Any, eval_before: bool = True):
+            self.evaluate, self.best_dir, self.tokenizer = evaluate, Path(best_dir), tokenizer
+            self.eval_before = eval_before
+            self.best_em: float | None = None
+            self.best_epoch: float | None = None
+            self.history: list[dict] = []
+
+        def _run(self, model: Any, epoch: float) -> dict:
+            started = time.perf_counter()
+            stats = self.evaluate(model)
+            entry = {"epoch": epoch, **{k: float(v) for k, v in stats.items()},
+                     "eval_s": round(time.perf_counter() - started, 2)}
+            self.history.append(entry)
+            log.info("dev EM after epoch %s: %.4f", epoch, entry["em"])
+            return entry
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if self.eval_before and state.is_world_process_zero:
+                self._run(model, 0)
+
+        def on_epoch_end(self, args, state, control, model=None, **kwargs):
+            if not state.is_world_process_zero:
+                return
+            entry = self._run(model, round(state.epoch or 0, 4))
+            if self.best_em is None or entry["em"] >= self.best_em:
+                self.best_em, self.best_epoch = entry["em"], entry["epoch"]
+                _save_model(model, self.tokenizer, self.best_dir)
+
+    return DevEMCallback
+
+
+def _save_model(model: Any, tokenizer: Any, folder: Path) -> None:
+    """Save beside ``folder``, then rename into place (a reader never sees half a model)."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
+# ================================================================================ training
+
+def _load_for_training(config: WarmStartConfig) -> tuple[Any, Any]:
+    from inference.models import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    model = load_causal_lm(config.model, device=config.device, dtype=config.dtype)
+    model.train()
+    return model, tokenizer
+
+
+def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config: WarmStartConfig,
+              model: Any = None, tokenizer: Any = None, retriever: Any = None) -> dict:
+    """SFT on accepted ``train_records``; dev EM after each epoch on ``dev_records``' questions.
+
+    ``model``/``tokenizer``: an already loaded model (default: ``config.model``). ``retriever``
+    is needed for the dev evaluation (skipped without one, or with ``dev_eval=False`` or no
+    dev records; the final model is saved then). Returns ``{"model_dir", "best_epoch",
+    "best_dev_em", "history", "train_loss"}``; ``model_dir`` is a Hugging Face folder.
+    """
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if model is None or tokenizer is None:
+        model, tokenizer = _load_for_training(config)
+    from inference.models import ensure_pad_token
+
+    ensure_pad_token(tokenizer)
+    rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length)
+    if not rows:
+        raise ValueError("no accepted training trajectories")
+    callbacks = []
+    dev_examples = _dev_examples(dev_records, config.dev_limit)
+    best_dir = out / ("adapter" if config.lora else "model")
+    callback = None
+    if config.dev_eval and dev_examples and retriever is not None:
+        env_config = config.env_config()
+
+        def evaluate(m: Any) -> dict:
+            return dev_em(m, tokenizer, dev_examples, retriever, env_config, num_envs=config.eval_batch_size,
+                          max_turn_tokens=config.eval_max_turn_tokens,
+                          max_context_tokens=config.eval_max_context_tokens, seed=config.seed)
+
+        callback = _dev_eval_callback_class()(evaluate, best_dir, tokenizer, eval_before=config.eval_before)
+        callbacks.append(callback)
+    trainer = build_trainer(rows, config, model, tokenizer, callbacks)
+    result = trainer.train()
+    if callback is None or callback.best_em is None:
+        _save_model(trainer.model, tokenizer, best_dir)
+    model_dir = best_dir
+    if config.lora and config.merge_lora:
+        model_dir = merge_adapter(best_dir, out / "model", base=config.model, tokenizer=tokenizer,
+                                  base_model=None)
+    summary = {
+        "model_dir": str(model_dir),
+        "best_epoch": None if callback is None else callback.best_epoch,
+        "best_dev_em": None if callback is None else callback.best_em,
+        "history": [] if callback is None else callback.history,
+        "train_loss": float(result.training_loss),
+        "log_history": trainer.state.log_history,
+        "train_examples": len(rows),
+        "dev_questions": len(dev_examples),
+    }
+    write_text_atomic(json.dumps(summary, indent=2, default=str), out / "sft_summary.json")
+    return summary
+
+
+def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tokenizer: Any,
+                  callbacks: Sequence[Any] = ()) -> Any:
+    """TRL ``SFTTrainer`` over pre-tokenized rows (``input_ids`` + ``labels``; TRL keeps the labels
+    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``)."""
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    peft_config = None
+    if config.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                                 target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
+    parameter = next(model.parameters())
+    on_gpu = parameter.device.type == "cuda" or (torch.cuda.is_available() and config.device != "cpu")
+    bf16 = bool(on_gpu and parameter.dtype == torch.bfloat16)
+    args = SFTConfig(
+        output_dir=str(Path(config.output_dir) / "trainer"), num_train_epochs=config.epochs,
+        learning_rate=config.learning_rate, per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps, warmup_steps=float(config.warmup_ratio) if config.warmup_ratio < 1 else int(config.warmup_ratio),
+        weight_decay=config.weight_decay, lr_scheduler_type="linear", logging_steps=config.logging_steps,
+        save_strategy="no", eval_strategy="no", report_to=config.report_to, max_length=None, bf16=bf16, fp16=False,
+        seed=config.seed, data_seed=config.seed,
+        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=True, **_checkpointing(config.gradient_checkpointing),
+    )
+    return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)), processing_class=tokenizer,
+                      peft_config=peft_config, callbacks=list(callbacks))
+
+
+def _checkpointing(enabled: bool) -> dict:
+    """Activation checkpointing under its current name (``gradient_checkpointing`` before transformers 5)."""
+    import transformers
+
+    fields = getattr(transformers.TrainingArguments, "__dataclass_fields__", {})
+    return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
+
+
+def merge_adapter(adapter_dir: Path, out_dir: Path, base: str, tokenizer: Any, base_model: Any = None) -> Path:
+    """Load ``base`` (a model spec) with the LoRA adapter in ``adapter_dir``, merge it, save a plain HF folder."""
+    from peft import PeftModel
+
+    from inference.models import load_causal_lm
+
+    base_model = base_model if base_model is not None else load_causal_lm(base, device="cpu", dtype="float32")
+    merged = PeftModel.from_pretrained(base_model, str(adapter_dir)).merge_and_unload()
+    _save_model(merged, tokenizer, Path(out_dir))
+    return Path(out_dir)
+
+
+def _dev_examples(dev_records: Sequence[dict], limit: int | None) -> list[QAExample]:
+    seen, examples = set(), []
+    for record in dev_records:
+        if record["id"] not in seen:
+            seen.add(record["id"])
+            examples.append(example_of(record))
+    return examples[:limit] if limit else examples
+
+
+# ================================================================================ pipeline
+
+def load_examples(config: WarmStartConfig) -> list[QAExample]:
+    if config.data:
+        from envs.data import load_qa
+
+        return load_qa(config.data, split=config.split, limit=config.num_questions)
+    from envs.default_questions import generate_default_questions
+
+    return generate_default_questions(config.num_questions, seed=config.question_seed)
+
+
+def load_retriever(config: WarmStartConfig) -> Any:
+    if config.index:
+        from envs.retriever import Retriever
+
+        return Retriever.from_dir(config.index, corpus=config.corpus)
+    from envs.defaults import default_retriever
+
+    return default_retriever()
+
+
+def collect(config: WarmStartConfig, examples: Sequence[QAExample], retriever: Any, tokenizer: Any = None,
+            llm: Any = None) -> list[dict]:
+    """Trajectories of the configured teacher (unfiltered; ``accepted`` / ``reason`` set)."""
+    if config.teacher == "scripted":
+        return collect_scripted(examples, retriever, config.env_config(), num_envs=config.num_envs, seed=config.seed,
+                                expand=config.teacher_expand, extra_expand=config.teacher_extra_expand,
+                                random_expand=config.teacher_random_expand,
+                                second_search=config.teacher_second_search, think=config.teacher_think,
+                                tokenizer=tokenizer)
+    if llm is None:
+        from inference.backends import load_backend
+
+        llm = load_backend(config.teacher_llm, **config.teacher_llm_options)
+    return collect_with_method(examples, retriever, config.teacher_method, llm, config.env_config(),
+                               config.teacher_method_options, concurrency=config.teacher_concurrency, seed=config.seed)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def acceptance_stats(records: Sequence[dict]) -> dict:
+    reasons: dict[str, int] = {}
+    for r in records:
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    n = len(records)
+    return {"trajectories": n, "accepted": sum(r["accepted"] for r in records),
+            "acceptance_rate": sum(r["accepted"] for r in records) / n if n else 0.0, "reasons": reasons}
+
+
+def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = None, model: Any = None,
+        tokenizer: Any = None, examples: Sequence[QAExample] | None = None, llm: Any = None) -> dict:
+    """The whole warm start: collect (or read ``config.trajectories``), filter, split, train.
+
+    Writes into ``output_dir``: ``config.yaml`` (resolved), ``trajectories.jsonl`` (all, with the
+    acceptance verdicts), ``train.jsonl`` / ``dev.jsonl`` (accepted, split), ``acceptance.json``,
+    then the model (``model/``; ``adapter/`` too with LoRA) and ``sft_summary.json``.
+    """
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(yaml.safe_dump(config.to_dict(), sort_keys=False), out / "config.yaml")
+    if config.trajectories:
+        records = read_jsonl(config.trajectories)
+        for record in records:  # re-judge with this code's filter
+            record["accepted"], record["reason"] = acceptance(record)
+    else:
+        retriever = retriever if retriever is not None else load_retriever(config)
+        examples = list(examples) if examples is not None else load_examples(config)
+        started = time.perf_counter()
+        records = collect(config, examples, retriever, tokenizer=None, llm=llm)
+        log.info("collected %d trajectories in %.1fs", len(records), time.perf_counter() - started)
+        write_jsonl_atomic(records, out / "trajectories.jsonl")
+    stats = acceptance_stats(records)
+    accepted = [r for r in records if r["accepted"]]
+    train, dev = split_train_dev(accepted, config.dev_fraction, config.seed)
+    write_jsonl_atomic(train, out / "train.jsonl")
+    write_jsonl_atomic(dev, out / "dev.jsonl")
+    stats.update(train=len(train), dev=len(dev))
+    write_text_atomic(json.dumps(stats, indent=2), out / "acceptance.json")
+    log.info("acceptance: %s", stats)
+    if collect_only:
+        return {"trajectories": str(out / "trajectories.jsonl"), **stats}
+    if retriever is None and config.dev_eval and dev:
+        retriever = load_retriever(config)
+    summary = train_sft(train, dev, config, model=model, tokenizer=tokenizer, retriever=retriever)
+    return {**summary, **stats}
+
+
+# ================================================================================ PPO entry
+
+# Fields read from the PPO config by warm_start (getattr with these defaults; `sft_*` win over the plain names).
+PPO_FIELDS = {
+    "model": "policy model spec (also `model_name`, `policy_model`)",
+    "lora / lora_r / lora_alpha / lora_dropout / lora_target_modules": "LoRA on the SFT as well",
+    "seed": "collection, split and trainer seed",
+    "output_dir": "the warm start goes into <output_dir>/sft (or `sft_output_dir`)",
+    "retriever / index / corpus": "retriever object or index folder (default: embedded default retriever)",
+    "env": "EnvConfig or dict of overrides",
+    "sft_questions": "default questions to collect on (64)",
+    "sft_epochs / sft_learning_rate / sft_batch_size / sft_max_length": "training size (2 / 1e-5 / 4 / 4096)",
+    "sft_teacher_expand / sft_extra_expand": "scripted teacher mode ('random' / 0)",
+    "sft_dev_eval / sft_dev_limit / sft_eval_max_turn_tokens": "dev EM after each epoch (True / 16 / 256)",
+    "sft_merge_lora": "merge the adapter into the saved model (True)",
+}
+
+
+def _sft(cfg: Any, name: str, default: Any) -> Any:
+    """``cfg.sft_<name>`` only (never the PPO's own value of ``name``), else ``default``."""
+    value = getattr(cfg, f"sft_{name}", None)
+    return default if value is None else value
+
+
+def warm_start(ppo_cfg: Any, retriever: Any = None, model: Any = None, tokenizer: Any = None) -> str:
+    """A quick scripted-teacher warm start for PPO when no SFT checkpoint is given; returns the model folder.
+
+    Duck-typed over the PPO config (see :data:`PPO_FIELDS`): collect on the embedded default
+    questions with the scripted teacher (random expansions by default, so PPO still has to learn
+    which candidates to open), filter, split 90/10, train briefly, keep the best dev-EM epoch.
+    """
+    def get(name: str, default: Any = None) -> Any:
+        value = getattr(ppo_cfg, f"sft_{name}", None)
+        return value if value is not None else getattr(ppo_cfg, name, default)
+
+    model_spec = get("model") or getattr(ppo_cfg, "model_name", None) or getattr(ppo_cfg, "policy_model", None) \
+        or "gemma3-270m"
+    if not isinstance(model_spec, str):
+        model_spec = str(model_spec)
+    output_dir = getattr(ppo_cfg, "sft_output_dir", None) or str(Path(getattr(ppo_cfg, "output_dir", "runs/ppo")) / "sft")
+    env = getattr(ppo_cfg, "env", None)
+    env = dataclasses.asdict(env) if dataclasses.is_dataclass(env) else dict(env or {})
+    config = WarmStartConfig(
+        model=model_spec, output_dir=output_dir, seed=int(get("seed", 0)), env=env,
+        index=get("index"), corpus=get("corpus"), num_questions=int(_sft(ppo_cfg, "questions", 64)),
+        teacher="scripted", teacher_expand=_sft(ppo_cfg, "teacher_expand", "random"),
+        teacher_extra_expand=int(_sft(ppo_cfg, "extra_expand", 0)),
+        lora=bool(get("lora", False)), lora_r=int(get("lora_r", 16)), lora_alpha=int(get("lora_alpha", 32)),
+        lora_dropout=float(get("lora_dropout", 0.05)), lora_target_modules=get("lora_target_modules", "all-linear"),
+        merge_lora=bool(_sft(ppo_cfg, "merge_lora", True)), epochs=int(_sft(ppo_cfg, "epochs", 2)),
+        learning_rate=float(_sft(ppo_cfg, "learning_rate", 1e-5)), batch_size=int(_sft(ppo_cfg, "batch_size", 4)),
+        max_length=int(_sft(ppo_cfg, "max_length", 4096)), dev_eval=bool(_sft(ppo_cfg, "dev_eval", True)),
+        dev_limit=int(_sft(ppo_cfg, "dev_limit", 16)),
+        eval_max_turn_tokens=int(_sft(ppo_cfg, "eval_max_turn_tokens", 256)),
+    )
+    retriever = retriever if retriever is not None else getattr(ppo_cfg, "retriever", None)
+    if retriever is None:
+        retriever = load_retriever(config)
+    result = run(config, retriever=retriever, model=model, tokenizer=tokenizer)
+    return result["model_dir"]
+
+
+# ================================================================================ CLI
+
+def _parse_value(text: str) -> Any:
+    return yaml.safe_load(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m training.sft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="YAML recipe (configs/sft/default.yaml)")
+    parser.add_argument("--collect-only", action="store_true", help="write the trajectories and stop")
+    parser.add_argument("--trajectories", help="train from this trajectory JSONL instead of collecting")
+    parser.add_argument("--output-dir")
+    parser.add_argument("--model")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override any WarmStartConfig field (YAML value), repeatable")
+    return parser
+
+
+def resolve_config(argv: list[str] | None = None) -> tuple[WarmStartConfig, argparse.Namespace]:
+    """Defaults < ``--config`` YAML < ``--set`` pairs < the named flags."""
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for pair in args.set:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
+        overrides[key.strip().replace("-", "_")] = _parse_value(value)
+    for name in ("output_dir", "model", "trajectories"):
+        if getattr(args, name):
+            overrides[name] = getattr(args, name)
+    try:
+        config = WarmStartConfig.from_yaml(args.config, overrides) if args.config else WarmStartConfig.from_dict(
+            overrides)
+    except (ValueError, TypeError) as err:
+        raise SystemExit(str(err))
+    return config, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config, args = resolve_config(argv)
+    result = run(config, collect_only=args.collect_only)
+    print(json.dumps({k: v for k, v in result.items() if k != "log_history"}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
