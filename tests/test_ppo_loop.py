@@ -1,0 +1,180 @@
+"""The SEEDS-R1 PPO loop on a tiny random Llama (2 layers, width 64) and the toy corpus (CPU, seconds)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.tiny_models import tiny_llama, tiny_tokenizer
+from training.checkpoint import export_hf, list_checkpoints, load_latest
+from training.config import ConfigError, LoraSettings, PPOConfig, load_config, save_resolved
+from training.models import sequence_logprobs, sequence_values, wrap_models
+from training.ppo import next_questions, train
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def tiny_cfg(out, **overrides) -> PPOConfig:
+    values = dict(output_dir=str(out), updates=1, critic_warmup_updates=0, questions_per_update=2,
+                  samples_per_question=2, micro_batch_size=2, mini_batches=2, max_turn_tokens=8,
+                  max_context_tokens=512, env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lr_critic=1e-2,
+                  lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0)
+    values.update(overrides)
+    return PPOConfig(**values)
+
+
+def trainable(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters() if p.requires_grad}
+
+
+def frozen(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters() if not p.requires_grad}
+
+
+def probe(tok):
+    ids = tok(["<search> capital France</search>", "What is the capital of Japan?"], padding=True,
+              return_tensors="pt")
+    return ids["input_ids"], ids["attention_mask"]
+
+
+def same(a: dict, b: dict, atol: float = 0.0) -> bool:
+    return a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=atol, rtol=0) for k in a)
+
+
+def test_logprobs_and_values_align_with_a_full_forward(tok):
+    lm = tiny_llama(tok)
+    ids, attention = probe(tok)
+    with torch.no_grad():
+        full = lm(input_ids=ids, attention_mask=attention).logits[:, :-1].float().log_softmax(-1)
+        expected = full.gather(-1, ids[:, 1:, None])[..., 0] * attention[:, 1:]
+        logp, entropy = sequence_logprobs(lm, ids, attention, chunk=5, with_entropy=True)
+        only = torch.zeros_like(attention[:, 1:])
+        only[0, 2] = only[1, 4] = 1
+        partial, _ = sequence_logprobs(lm, ids, attention, chunk=5, target_mask=only)
+    assert logp.shape == (2, ids.shape[1] - 1)
+    assert torch.allclose(logp, expected, atol=1e-5)
+    assert torch.allclose(partial, expected * only, atol=1e-5)
+    assert (entropy[attention[:, 1:].bool()] > 0).all()
+    models = wrap_models(tiny_llama(tok), tok, tiny_cfg("unused"))
+    assert sequence_values(models.critic, ids, attention).shape == logp.shape
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_one_update_moves_the_actor_not_the_reference(tok, tmp_path, retriever, examples, lora):
+    cfg = tiny_cfg(tmp_path, lora=LoraSettings(enabled=lora, r=4, alpha=8), lr_actor=1e-2 if lora else 1e-3)
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    ids, attention = probe(tok)
+    ref_before = models.reference_logprobs(ids, attention)
+    with torch.no_grad():
+        actor_before = models.actor(ids, attention)[0]
+    weights, base = trainable(models.actor), frozen(models.actor)
+    result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+    assert result["update"] == 1 and result["data_position"] == 2
+    assert not same(weights, trainable(models.actor))  # the trained weights moved
+    assert same(base, frozen(models.actor))  # LoRA: the base stays frozen
+    with torch.no_grad():
+        assert not torch.allclose(models.actor(ids, attention)[0], actor_before, atol=1e-6)
+    assert torch.allclose(models.reference_logprobs(ids, attention), ref_before, atol=1e-6)
+    stats = result["history"][0]
+    assert stats["critic_only"] == 0.0 and stats["sampler_logp_gap"] < 1e-4  # sampler == trainer at update 0
+    assert load_latest(tmp_path).name == "update_000001"
+
+
+def test_critic_warmup_leaves_the_actor_unchanged(tok, tmp_path, retriever, examples):
+    cfg = tiny_cfg(tmp_path, critic_warmup_updates=1)
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    actor, critic = trainable(models.actor), trainable(models.critic)
+    result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+    assert result["history"][0]["critic_only"] == 1.0
+    assert same(actor, trainable(models.actor))
+    assert not same(critic, trainable(models.critic))
+
+
+def test_config_yaml_cli_overrides_and_unknown_keys(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": "smollm2-135m", "updates": 7, "lr_actor": 2e-6,
+                                      "lora": {"r": 32, "alpha": 64}, "env": {"top_k": 3}}))
+    cfg = load_config(PPOConfig, ["--config", str(recipe), "--lora.r", "8", "--updates=3", "--resume",
+                                  "--env.max_actions", "4", "--dual_clip", "3", "--sft_checkpoint", "null",
+                                  "--kl-mode", "loss"])
+    assert cfg.model == "smollm2-135m" and cfg.updates == 3 and cfg.lr_actor == 2e-6 and cfg.resume is True
+    assert cfg.lora.r == 8 and cfg.lora.alpha == 64 and cfg.env == {"top_k": 3, "max_actions": 4}
+    assert cfg.dual_clip == 3.0 and isinstance(cfg.dual_clip, float) and cfg.kl_mode == "loss"
+    with pytest.raises(ConfigError, match="lora.rank"):
+        load_config(PPOConfig, ["--lora.rank", "8"])
+    with pytest.raises(ConfigError, match="learning_rate"):
+        load_config(PPOConfig, ["--learning_rate", "1e-5"])
+    recipe.write_text(yaml.safe_dump({"updatez": 3}))
+    with pytest.raises(ConfigError, match="updatez"):
+        load_config(PPOConfig, ["--config", str(recipe)])
+    with pytest.raises(ConfigError):
+        load_config(PPOConfig, ["--advantage", "ppo2"])
+    path = save_resolved(cfg, tmp_path / "run")
+    assert load_config(PPOConfig, ["--config", str(path)]) == cfg
+
+
+def test_resume_continues_exactly(tok, tmp_path, retriever, examples):
+    def run(out, updates, resume=False):
+        cfg = tiny_cfg(out, updates=updates, resume=resume, critic_warmup_updates=1, save_every=1,
+                       keep_checkpoints=2)
+        models = wrap_models(tiny_llama(tok), tok, cfg)
+        return train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+
+    first = run(tmp_path / "a", 2)  # "killed" after 2 updates
+    assert first["update"] == 2 and first["data_position"] == 4
+    resumed = run(tmp_path / "a", 3, resume=True)
+    straight = run(tmp_path / "b", 3)
+    assert resumed["update"] == straight["update"] == 3
+    assert resumed["data_position"] == straight["data_position"] == 6
+    assert [h["update"] for h in resumed["history"]] == [3]
+    assert same(trainable(resumed["models"].actor), trainable(straight["models"].actor), atol=1e-6)
+    assert same(trainable(resumed["models"].critic), trainable(straight["models"].critic), atol=1e-6)
+    assert resumed["history"][0]["reward_mean"] == straight["history"][-1]["reward_mean"]
+    assert [p.name for p in list_checkpoints(tmp_path / "a")] == ["update_000002", "update_000003"]
+    # The question stream is a pure function of the position.
+    assert next_questions(examples, 4, 2, 0) == next_questions(examples, 0, 6, 0)[4:]
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_exported_folder_loads_with_auto_model(tok, tmp_path, lora):
+    cfg = tiny_cfg(tmp_path, lora=LoraSettings(enabled=lora, r=4, alpha=8))
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    with torch.no_grad():
+        for name, p in models.actor.named_parameters():
+            if p.requires_grad and "lora_B" in name or not lora and "q_proj" in name:
+                p.add_(0.05)
+    ids, attention = probe(tok)
+    with torch.no_grad():
+        expected = models.actor(ids, attention)[0]
+    folder = export_hf(models.actor, tok, tmp_path / "hf")
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert type(loaded).__name__ == "LlamaForCausalLM"
+    assert AutoTokenizer.from_pretrained(folder).eos_token == "</s>"
+    with torch.no_grad():
+        got = sequence_logprobs(loaded, ids, attention)[0]
+    assert torch.allclose(got, expected, atol=1e-4)
+    if lora:  # merging worked on a copy: the actor still has its adapter
+        assert models.actor.is_lora and any("lora_" in n for n, _ in models.actor.named_parameters())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_sft_warm_start_hook(tmp_path, monkeypatch):
+    from training.ppo import resolve_sft_checkpoint
+
+    calls = []
+    monkeypatch.setattr("training.sft.warm_start",
+                        lambda view, retriever=None: calls.append((view, retriever)) or str(tmp_path / "sft"))
+    cfg = tiny_cfg(tmp_path, sft_warm_start=True, lora=LoraSettings(enabled=False, r=4))
+    resolved = resolve_sft_checkpoint(cfg, retriever="R")
+    assert resolved.sft_checkpoint == str(tmp_path / "sft")
+    view, retriever = calls[0]
+    assert retriever == "R" and view.lora is False and view.lora_r == 4 and view.output_dir == str(tmp_path)
+    given = dataclasses.replace(cfg, sft_checkpoint="somewhere")
+    assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
+    assert resolve_sft_checkpoint(dataclasses.replace(cfg, sft_warm_start=False)).sft_checkpoint is None

@@ -1,0 +1,40 @@
+"""Tiny models for fast CPU tests: a byte-level BPE tokenizer trained on the SEEDS-R1 prompt and
+the toy corpus (protocol tags as single tokens), and a 2-layer, 64-wide random Llama over it."""
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from methods.prompts import r1
+from tests.conftest import PASSAGES
+
+STATES = ["?\n", "</snapshot>\n", "</information>\n"]
+TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
+WORDS = [" capital", " France", " 1", " Paris"]
+
+
+def tiny_tokenizer(vocab_size: int = 600) -> PreTrainedTokenizerFast:
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES]
+    bpe.train_from_iterator(text * 10, trainer)
+    bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  clean_up_tokenization_spaces=False)
+    tok.add_tokens(STATES + TAGS + WORDS)
+    return tok
+
+
+def tiny_llama(tokenizer, init: float = 0.3, seed: int = 0, context: int = 4096) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, initializer_range=init,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()

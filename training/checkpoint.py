@@ -1,0 +1,176 @@
+"""PPO checkpoints: atomic, resumable exactly, loadable with ``torch.load(weights_only=True)``.
+
+Layout: ``<output_dir>/checkpoints/update_000012/``
+
+- ``actor.pt``, ``critic.pt``: the TRAINABLE parameters only (LoRA + value head, or everything in
+  a full fine-tune); the frozen rest is rebuilt from the SFT checkpoint / base model;
+- ``optim_actor.pt``, ``optim_critic.pt``, ``sched_actor.pt``, ``sched_critic.pt``;
+- ``rng_<rank>.pt``: torch's CPU (and CUDA) generator states of each process;
+- ``state.json``: update count, data position, Python's and NumPy's RNG states (per rank).
+
+A checkpoint is written into ``.tmp-update_000012`` beside its final place and renamed into it,
+so a killed job leaves either the previous checkpoints or a complete new one. The newest
+``keep`` checkpoints are kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from envs.atomic import write_json_atomic
+from training.models import load_trainable_state_dict, trainable_state_dict
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^update_(\d+)$")
+
+
+def checkpoint_root(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / CHECKPOINT_DIR
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / "state.json").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def load_latest(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint folder in ``output_dir``, or None."""
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------------------------ RNG states
+
+
+def rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
+    """(JSON-able Python + NumPy states, tensor states of torch) of this process."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    plain = {"python": [version, list(internal), gauss],
+             "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return plain, tensors
+
+
+def set_rng_state(plain: dict, tensors: dict[str, torch.Tensor]) -> None:
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = plain["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(tensors["cuda"]))
+
+
+# ------------------------------------------------------------------------------ save / load
+
+
+def _barrier(accelerator: Any) -> None:
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+
+
+def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.nn.Module, critic: torch.nn.Module,
+                    optimizers: dict[str, Any], schedulers: dict[str, Any], state: dict[str, Any],
+                    keep: int = 2, accelerator: Any = None) -> Path:
+    """Write checkpoint ``update`` (models unwrapped from DDP by the caller); returns its folder.
+
+    Call on every process: each writes its RNG state; the main process writes the rest.
+    ``state``: JSON-able bookkeeping (update count, data position, ...).
+    """
+    rank = accelerator.process_index if accelerator is not None else 0
+    main = accelerator.is_main_process if accelerator is not None else True
+    root = checkpoint_root(output_dir)
+    final = root / f"update_{update:06d}"
+    tmp = root / f".tmp-update_{update:06d}"
+    if main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(accelerator)
+    plain, tensors = rng_state()
+    torch.save(tensors, tmp / f"rng_{rank}.pt")
+    write_json_atomic(plain, tmp / f"rng_{rank}.json")
+    _barrier(accelerator)
+    if main:
+        torch.save(trainable_state_dict(actor), tmp / "actor.pt")
+        torch.save(trainable_state_dict(critic), tmp / "critic.pt")
+        for name, optimizer in optimizers.items():
+            torch.save(optimizer.state_dict(), tmp / f"optim_{name}.pt")
+        for name, scheduler in schedulers.items():
+            torch.save(scheduler.state_dict(), tmp / f"sched_{name}.pt")
+        write_json_atomic({**state, "update": update}, tmp / "state.json")  # last: marks it complete
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier(accelerator)
+    return final
+
+
+def _load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_checkpoint(path: str | os.PathLike, *, actor: torch.nn.Module, critic: torch.nn.Module,
+                    optimizers: dict[str, Any], schedulers: dict[str, Any], accelerator: Any = None,
+                    restore_rng: bool = True) -> dict[str, Any]:
+    """Restore models, optimizers, schedulers and this process's RNG; returns ``state.json``."""
+    path = Path(path)
+    load_trainable_state_dict(actor, _load(path / "actor.pt"))
+    load_trainable_state_dict(critic, _load(path / "critic.pt"))
+    for name, optimizer in optimizers.items():
+        optimizer.load_state_dict(_load(path / f"optim_{name}.pt"))
+    for name, scheduler in schedulers.items():
+        scheduler.load_state_dict(_load(path / f"sched_{name}.pt"))
+    if restore_rng:
+        rank = accelerator.process_index if accelerator is not None else 0
+        if not (path / f"rng_{rank}.pt").is_file():
+            rank = 0  # resumed on more processes than saved: reuse rank 0's state
+        set_rng_state(json.loads((path / f"rng_{rank}.json").read_text()), _load(path / f"rng_{rank}.pt"))
+    return json.loads((path / "state.json").read_text())
+
+
+# ------------------------------------------------------------------------------ export
+
+
+def export_hf(actor: torch.nn.Module, tokenizer: Any, directory: str | os.PathLike, merge_lora: bool = True) -> Path:
+    """Write the policy as a Hugging Face folder (atomically), for
+    ``python -m inference.evaluate --method seeds-r1 --llm hf:<directory>``.
+
+    ``actor``: a :class:`training.models.PolicyModel` or a (peft) causal LM. With LoRA and
+    ``merge_lora`` the adapter is merged into a copy of the weights (the actor is untouched);
+    ``merge_lora=False`` writes the adapter only (peft's format; it needs the base model).
+    """
+    import copy
+
+    lm = getattr(actor, "lm", actor)
+    directory = Path(directory)
+    tmp = directory.parent / f".tmp-{directory.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if merge_lora and callable(getattr(lm, "merge_and_unload", None)):
+        lm = copy.deepcopy(lm).merge_and_unload()
+    with contextlib.suppress(AttributeError):
+        lm.config.use_cache = True
+    lm.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory

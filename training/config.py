@@ -1,0 +1,235 @@
+"""Every hyper-parameter of the SEEDS-R1 PPO trainer, named once, plus recipe loading.
+
+    python -m training.ppo --config configs/ppo/default.yaml --updates 2 --lora.r 8
+
+``load_config(PPOConfig, argv)``: dataclass defaults, then the YAML recipe given by ``--config``,
+then ``--key value`` (or ``--key=value``) overrides; nested fields with dots (``--lora.r 8``,
+``--env.top_k 3``). Values are parsed as YAML scalars (``8``, ``1e-6``, ``true``, ``null``).
+A bare ``--flag`` sets a boolean field to true. Unknown keys raise ``ConfigError``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envs.atomic import write_text_atomic
+
+
+class ConfigError(ValueError):
+    """A recipe or command-line override the config does not accept."""
+
+
+@dataclass
+class LoraSettings:
+    enabled: bool = True  # False: full fine-tune of the actor and the critic
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0  # > 0 makes old and new log-probs differ by dropout noise alone
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    critic: bool = True  # the critic is a LoRA on its own copy of the base (+ a trainable head)
+
+
+@dataclass
+class PPOConfig:
+    # ---- model
+    model: str = "gemma3-270m"  # "gemma3-270m", "smollm2-135m", a HF folder or a cached hub id
+    sft_checkpoint: str | None = None  # HF folder of the SFT policy (actor init and KL reference)
+    sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) if that module exists
+    dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    # ---- data
+    data: str | None = None  # FlashRAG JSONL training questions; None: generated default questions
+    eval_data: str | None = None  # FlashRAG JSONL held-out questions; None: generated (disjoint) ones
+    index: str | None = None  # index folder (scripts/build_index.py); None: the embedded default retriever
+    corpus: str | None = None  # corpus file when it moved since the index was built
+    train_questions: int = 512  # generated default questions (or the first N of `data`; 0 = all)
+    question_seed: int = 0
+    eval_questions: int = 32  # 0: no evaluation before/after training
+    eval_seed: int = 1000  # generated held-out questions; any that repeat a training question are dropped
+    # ---- environment
+    env_config: str | None = "configs/env/seeds_r1.yaml"  # YAML recipe; None: EnvConfig() defaults
+    env: dict[str, Any] = field(default_factory=dict)  # overrides of EnvConfig fields (--env.max_actions 6)
+    # ---- rollout
+    questions_per_update: int = 8  # global (all processes together)
+    samples_per_question: int = 2
+    num_envs: int = 16  # episodes stepped together (one retrieval call per step)
+    rollout_batch_size: int = 16  # rows per HF generation batch
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_turn_tokens: int = 256
+    max_context_tokens: int = 4096
+    # ---- PPO
+    updates: int = 20
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per PPO epoch
+    micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a mini-batch)
+    lr_actor: float = 1e-6
+    lr_critic: float = 1e-5
+    warmup_updates: int = 0  # linear learning-rate warm-up (in optimizer steps of the actor/critic)
+    weight_decay: float = 0.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None  # e.g. 3.0
+    value_clip: float | None = 0.5
+    vf_coef: float = 1.0
+    entropy_coef: float = 0.001
+    kl_coef: float = 0.001
+    kl_mode: str = "reward"  # "reward": −β·KL in the token rewards; "loss": β·KL added to the loss
+    kl_estimator: str = "k1"  # k1 | k2 | k3
+    gamma: float = 1.0
+    lam: float = 1.0
+    advantage: str = "gae"  # gae | grpo | reinforce
+    critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
+    max_grad_norm: float = 1.0
+    # ---- run
+    seed: int = 0
+    output_dir: str = "runs/ppo-default"
+    save_every: int = 10  # updates between checkpoints (and one at the end)
+    keep_checkpoints: int = 2
+    resume: bool = False  # continue from the latest checkpoint in output_dir
+    export: bool = True  # write output_dir/final_hf (LoRA merged) at the end
+    log_samples: int = 1  # trajectories printed / written to samples.jsonl per update
+    report_to: str = "none"  # "none" | "wandb" (offline without WANDB_API_KEY)
+    wandb_project: str = "seeds-rl"
+
+    def __post_init__(self) -> None:
+        choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"),
+                   "advantage": ("gae", "grpo", "reinforce"), "report_to": ("none", "wandb")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")
+        for name in ("updates", "ppo_epochs", "mini_batches", "micro_batch_size", "questions_per_update",
+                     "samples_per_question", "num_envs", "save_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Light type fixing for YAML values: ints for float fields, strings for str fields."""
+    if value is None:
+        return None
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in args if a is not type(None))
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and not isinstance(value, str):
+        return str(value)
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{key} expects true or false, got {value!r}")
+    if hint is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{key} expects an integer, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a nested dict; unknown keys raise ConfigError."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {values!r}")
+    hints = _field_types(cls)
+    unknown = sorted(set(values) - set(hints))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {[prefix + k for k in unknown]}; "
+                          f"valid keys: {', '.join(prefix + k for k in hints)}")
+    kwargs = {}
+    for key, value in values.items():
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = from_dict(hint, value or {}, prefix=f"{prefix}{key}.")
+        else:
+            kwargs[key] = _coerce(value, hint, prefix + key)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = tree.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--{dotted}: {part} is not a nested section")
+        tree = node
+    tree[parts[-1]] = value
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def parse_overrides(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
+    """``["--config", "x.yaml", "--lora.r", "8", "--resume"]`` -> ("x.yaml", {"lora": {"r": 8}, "resume": True})."""
+    config_path, overrides, i = None, {}, 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(f"expected --key value, got {arg!r}")
+        key, eq, text = arg[2:].partition("=")
+        if not eq:
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                text, i = argv[i + 1], i + 1
+            else:
+                text = "true"  # a bare flag
+        i += 1
+        key = key.replace("-", "_")
+        if key == "config":
+            config_path = text
+        else:
+            _set_dotted(overrides, key, yaml.safe_load(text))
+    return config_path, overrides
+
+
+def load_config(cls: type = None, argv: list[str] | None = None) -> Any:
+    """Defaults < ``--config`` YAML < command-line overrides (see the module docstring)."""
+    cls = cls or PPOConfig
+    argv = list(argv or [])
+    if "-h" in argv or "--help" in argv:
+        print(help_text(cls))
+        raise SystemExit(0)
+    config_path, overrides = parse_overrides(argv)
+    values: dict[str, Any] = {}
+    if config_path:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        values = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys")
+    return from_dict(cls, _merge(values, overrides))
+
+
+def help_text(cls: type) -> str:
+    lines = [f"options of {cls.__name__} (--key value; nested with dots):"]
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        lines.append(f"  --{f.name} (default {default!r})")
+    return "\n".join(lines)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def save_resolved(cfg: Any, directory: str | Path) -> Path:
+    """Write the fully resolved config to ``directory/config.yaml`` (atomically); returns the path."""
+    path = Path(directory) / "config.yaml"
+    return write_text_atomic(yaml.safe_dump(to_dict(cfg), sort_keys=False), path)

@@ -1,0 +1,201 @@
+"""Actor, critic and reference for SEEDS-R1 PPO.
+
+- Actor (:class:`PolicyModel`): the causal LM, full fine-tune or a peft LoRA. Its ``forward``
+  returns per-token log-probs (and entropies) of the NEXT token, running the lm_head only on the
+  positions asked for, so the (B, T, V) logits of a 262k vocabulary are never materialised.
+- Critic (:class:`ValueHead`): its own copy of the same base decoder (same initial weights; LoRA
+  on it when ``lora.critic``) + ``Linear(hidden, 1)``.
+- Reference: the frozen SFT policy. With LoRA it is the actor with its adapter switched off
+  (``disable_adapter()``, no second copy); without LoRA a frozen deep copy.
+
+Alignment (shared with the trainer): for ``input_ids`` (B, T), position ``t`` of every (B, T−1)
+output is about token ``t+1``: ``logp[:, t] = log π(ids[t+1] | ids[≤t])`` and
+``values[:, t] = V(ids[≤t])``, the value of the state in which token ``t+1`` is chosen.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from training.ppo_core import entropy_from_logits, logprobs_from_logits
+
+
+def _unwrap_peft(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _decoder(lm: nn.Module) -> nn.Module:
+    """The base decoder (embeddings + blocks + final norm) of a ``*ForCausalLM``."""
+    lm = _unwrap_peft(lm)
+    decoder = getattr(lm, "base_model", lm)
+    return decoder if decoder is not lm else lm.get_decoder()
+
+
+def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """lm_head (+ final logit soft-capping, e.g. Gemma 2) on hidden states (N, H) -> (N, V)."""
+    base = _unwrap_peft(lm)
+    logits = base.get_output_embeddings()(hidden)
+    cap = getattr(base.config.get_text_config(), "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 1024,
+                      target_mask: torch.Tensor | None = None, with_entropy: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log π(ids[t+1] | ids[≤t]) for t < T−1, and optionally the entropy of π(· | ids[≤t]).
+
+    model: a causal LM (plain or peft); input_ids, attention_mask: (B, T), right-padded.
+    target_mask: (B, T−1) or None; where given, the lm_head runs only on positions with mask 1
+    (others get 0). Returns logp (B, T−1) float32 and entropy (B, T−1) float32 or None.
+    The lm_head runs ``chunk`` positions at a time; with gradients each chunk is checkpointed,
+    so backward keeps the hidden states, not the (N, V) logits.
+    """
+    hidden = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden, labels = hidden[:, :-1], input_ids[:, 1:]
+    B, T1 = labels.shape
+    if target_mask is None:
+        target_mask = attention_mask[:, 1:]
+    rows, cols = torch.nonzero(target_mask.bool(), as_tuple=True)
+    h, y = hidden[rows, cols], labels[rows, cols]  # (N, H), (N,)
+
+    def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = _head_logits(model, h_part)[None]  # (1, n, V)
+        logp = logprobs_from_logits(logits, y_part[None], chunk=None)[0]
+        ent = entropy_from_logits(logits, chunk=None)[0] if with_entropy else torch.zeros_like(logp)
+        return logp, ent
+
+    grad = torch.is_grad_enabled() and h.requires_grad
+    logps, ents = [], []
+    for s in range(0, h.shape[0], chunk):
+        args = (h[s:s + chunk], y[s:s + chunk])
+        lp, en = checkpoint(per_chunk, *args, use_reentrant=False) if grad else per_chunk(*args)
+        logps.append(lp)
+        ents.append(en)
+    logp = hidden.new_zeros((B, T1), dtype=torch.float32)
+    entropy = hidden.new_zeros((B, T1), dtype=torch.float32)
+    if logps:
+        logp = logp.index_put((rows, cols), torch.cat(logps))
+        entropy = entropy.index_put((rows, cols), torch.cat(ents))
+    return logp, (entropy if with_entropy else None)
+
+
+class PolicyModel(nn.Module):
+    """The actor. ``forward`` = :func:`sequence_logprobs` (so DDP/accelerate wrap the whole computation)."""
+
+    def __init__(self, lm: nn.Module, chunk: int = 1024):
+        super().__init__()
+        self.lm = lm
+        self.chunk = chunk
+
+    @property
+    def is_lora(self) -> bool:
+        return callable(getattr(self.lm, "disable_adapter", None))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor | None = None,
+                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return sequence_logprobs(self.lm, input_ids, attention_mask, self.chunk, target_mask, with_entropy)
+
+
+class ValueHead(nn.Module):
+    """Critic: a base decoder + Linear(hidden, 1). ``forward`` -> values (B, T), one per position."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
+
+
+def sequence_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """V(ids[≤t]) for t < T−1, aligned with :func:`sequence_logprobs`. (B, T) -> (B, T−1)."""
+    return critic(input_ids, attention_mask)[:, :-1]
+
+
+@dataclass
+class Models:
+    actor: PolicyModel
+    critic: ValueHead
+    reference_logprobs: Callable[..., torch.Tensor]  # (input_ids, attention_mask, target_mask) -> (B, T−1)
+    tokenizer: Any
+
+
+def _lora_config(settings: Any, task_type: str | None):
+    from peft import LoraConfig
+
+    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                      target_modules=list(settings.target_modules), task_type=task_type, bias="none")
+
+
+def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
+    """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base)."""
+    from peft import get_peft_model
+
+    from inference.models import ensure_pad_token, strip_gguf_quantizer
+
+    lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
+    hidden_size = lm.config.get_text_config().hidden_size
+    backbone = copy.deepcopy(_decoder(lm))  # the critic's own copy, same initial weights
+    if cfg.lora.enabled and cfg.lora.critic:
+        backbone = get_peft_model(backbone, _lora_config(cfg.lora, None))
+    critic = ValueHead(backbone, hidden_size)
+    if cfg.lora.enabled:
+        actor = PolicyModel(get_peft_model(lm, _lora_config(cfg.lora, "CAUSAL_LM")), cfg.logprob_chunk)
+
+        def reference_logprobs(input_ids, attention_mask, target_mask=None):
+            with torch.no_grad(), actor.lm.disable_adapter():
+                return sequence_logprobs(actor.lm, input_ids, attention_mask, actor.chunk, target_mask)[0]
+    else:
+        frozen = copy.deepcopy(lm).eval().requires_grad_(False)
+        actor = PolicyModel(lm, cfg.logprob_chunk)
+
+        def reference_logprobs(input_ids, attention_mask, target_mask=None):
+            with torch.no_grad():
+                return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask)[0]
+    if cfg.gradient_checkpointing:
+        kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+        _unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
+        critic_base = _unwrap_peft(critic.backbone)
+        if hasattr(critic_base, "gradient_checkpointing_enable"):
+            critic_base.gradient_checkpointing_enable(**kwargs)
+    return Models(actor, critic, reference_logprobs, ensure_pad_token(tokenizer))
+
+
+def build_models(cfg: Any, device: str | None = None) -> Models:
+    """Load ``cfg.sft_checkpoint`` (or ``cfg.model``) and wrap it (see :func:`wrap_models`)."""
+    from inference.models import load_causal_lm, load_tokenizer
+
+    spec = cfg.sft_checkpoint or cfg.model
+    lm = load_causal_lm(spec, device=device or "auto", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = load_tokenizer(spec, trust_remote_code=cfg.trust_remote_code)
+    return wrap_models(lm.train(), tokenizer, cfg)
+
+
+def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Only the parameters being trained (LoRA + head, or everything in a full fine-tune)."""
+    return {name: p.detach().cpu().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    expected = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(state) != expected:
+        raise ValueError(f"checkpoint does not match the model's trainable parameters: missing "
+                         f"{sorted(expected - set(state))[:5]}, unexpected {sorted(set(state) - expected)[:5]}")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)

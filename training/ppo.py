@@ -1,0 +1,516 @@
+"""SEEDS-R1 PPO, in one file, readable top to bottom (CleanRL style).
+
+    python -m training.ppo --config configs/ppo/default.yaml            # embedded default, CPU
+    accelerate launch training/ppo.py --config configs/ppo/seeds_r1_qwen2.5_7b.yaml --model /models/qwen
+    python -m training.ppo --config configs/ppo/default.yaml --resume   # continue exactly
+
+Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
+
+1. take the next ``questions_per_update`` questions (each process its own shard) and roll out
+   ``samples_per_question`` episodes each with the CURRENT actor (HF backend over the live
+   weights, LoRA active), token-in/token-out (:mod:`training.rollout`);
+2. pad the episodes into (B, T) tensors; every per-token tensor is (B, T−1) and position ``t``
+   is about token ``t+1`` (``model_mask[:, t] = loss_mask[t+1]``);
+3. with no gradients: old log-probs (trainer's own forward, not the sampler's), reference
+   log-probs (adapter off / frozen copy), values;
+4. token rewards: the episode reward on its last model token, −β·KL on model tokens when
+   ``kl_mode == "reward"``; advantages and returns from the chosen estimator (gae/grpo/reinforce);
+5. ``ppo_epochs`` × ``mini_batches`` optimizer steps, each accumulating micro-batches of
+   loss = (policy_sum + vf_coef·value_sum − entropy_coef·entropy_sum [+ β·KL_sum]) · W / N,
+   N = model tokens of the whole mini-batch on all W processes (a true token mean);
+   the first ``critic_warmup_updates`` updates train the critic only;
+6. log, checkpoint every ``save_every`` updates and at the end.
+
+The policy is evaluated greedily on held-out questions before and after training.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `accelerate launch training/ppo.py` runs this file as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import yaml
+
+from training.config import PPOConfig, load_config, save_resolved, to_dict
+from training.ppo_core import (
+    compute_advantages,
+    entropy_sum,
+    explained_variance,
+    global_token_count,
+    kl_penalty,
+    masked_mean,
+    masked_sum,
+    policy_loss,
+    token_level_rewards,
+    value_loss,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Metrics averaged over processes (rollout_stats keys plus the trainer's).
+ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "selection_precision", "open_rate_positive",
+                "open_rate_negative", "docs_read_per_question", "searches_per_question", "actions_per_question",
+                "invalid_per_question", "model_tokens_mean", "episode_tokens_mean", "finish/answer",
+                "finish/action_limit", "finish/context_limit", "finish/error")
+
+
+# ============================================================================== data and environment
+
+
+def load_env_config(cfg: PPOConfig):
+    """EnvConfig from ``cfg.env_config`` (a YAML recipe) with ``cfg.env`` overrides."""
+    from envs.config import EnvConfig
+
+    base = EnvConfig()
+    if cfg.env_config:
+        path = Path(cfg.env_config)
+        base = EnvConfig.from_yaml(path if path.is_file() else REPO_ROOT / path)
+    values = dataclasses.asdict(base)
+    for key, value in cfg.env.items():
+        values[key] = {**values[key], **value} if isinstance(value, dict) and isinstance(values.get(key), dict) else value
+    return EnvConfig.from_dict(values)
+
+
+def prompt_fn_for(env_config):
+    """The exact SEEDS-R1 prompt, stating the env's own limits."""
+    from methods.seeds import SeedsR1
+
+    return SeedsR1(k=env_config.top_k, max_expand=env_config.max_expand, max_searches=env_config.max_searches,
+                   max_actions=env_config.max_actions).prompt
+
+
+def load_questions(cfg: PPOConfig) -> tuple[list, list]:
+    """(training, held-out evaluation) questions; held-out ones never repeat a training question."""
+    if cfg.data:
+        from envs.data import load_qa
+
+        everything = load_qa(cfg.data)
+        if cfg.eval_data:
+            train, held_out = everything, load_qa(cfg.eval_data, limit=cfg.eval_questions or None)
+        else:  # hold out the LAST eval_questions of the file
+            cut = len(everything) - cfg.eval_questions
+            train, held_out = everything[:cut], everything[cut:]
+        if cfg.train_questions:
+            train = train[:cfg.train_questions]
+    else:
+        from envs.default_questions import generate_default_questions
+
+        train = generate_default_questions(cfg.train_questions, seed=cfg.question_seed)
+        seen = {q.question for q in train}
+        extra = generate_default_questions(cfg.eval_questions * 2 + 20, seed=cfg.eval_seed) if cfg.eval_questions else []
+        held_out = [q for q in extra if q.question not in seen][:cfg.eval_questions]
+    if not train:
+        raise ValueError("no training questions")
+    return train, held_out[:cfg.eval_questions]
+
+
+def load_retriever(cfg: PPOConfig):
+    if cfg.index:
+        from envs.retriever import Retriever
+
+        return Retriever.from_dir(cfg.index, corpus=cfg.corpus)
+    from envs.defaults import default_retriever
+
+    return default_retriever()
+
+
+@lru_cache(maxsize=4)
+def _epoch_order(n: int, seed: int) -> tuple[int, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randperm(n, generator=generator).tolist())
+
+
+def next_questions(examples: list, position: int, count: int, seed: int) -> list:
+    """Questions ``position .. position+count−1`` of the endless stream of shuffled passes over
+    ``examples`` (pass ``e`` shuffled with seed ``seed + e``): a pure function of the position,
+    so a resumed run continues with exactly the questions it would have seen."""
+    n = len(examples)
+    return [examples[_epoch_order(n, seed + p // n)[p % n]] for p in range(position, position + count)]
+
+
+# ============================================================================== tensors
+
+
+def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, torch.Tensor]:
+    """Right-padded tensors. input_ids/attention_mask (B, T); per-token tensors (B, T−1), where
+    position t is about token t+1 (the log-prob at t predicts token t+1); reward/group_id (B,)."""
+    width = max(len(e.token_ids) for e in episodes)
+    B = len(episodes)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, width), dtype=torch.long)
+    loss_mask = torch.zeros((B, width), dtype=torch.float32)
+    sampler = torch.zeros((B, width), dtype=torch.float32)
+    for i, e in enumerate(episodes):
+        n = len(e.token_ids)
+        ids[i, :n] = torch.tensor(e.token_ids)
+        attention[i, :n] = 1
+        loss_mask[i, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
+        sampler[i, :n] = torch.tensor(e.sampler_logprobs, dtype=torch.float32)
+    batch = {"input_ids": ids, "attention_mask": attention, "model_mask": loss_mask[:, 1:],
+             "sampler_logp": sampler[:, 1:], "reward": torch.tensor([e.reward for e in episodes]),
+             "group_id": torch.tensor([e.group_id for e in episodes])}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def select(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows of a batch, columns cut to the longest selected episode (less padding to run)."""
+    width = int(batch["attention_mask"][rows].sum(-1).max())
+    out = {}
+    for key, value in batch.items():
+        value = value[rows]
+        if value.dim() == 2:
+            value = value[:, :width] if value.shape[1] == batch["input_ids"].shape[1] else value[:, :width - 1]
+        out[key] = value
+    return out
+
+
+def put(full: torch.Tensor, rows: torch.Tensor, part: torch.Tensor) -> None:
+    full[rows, :part.shape[1]] = part.to(full.dtype)
+
+
+# ============================================================================== helpers
+
+
+def reduce_mean(accelerator, stats: dict[str, float]) -> dict[str, float]:
+    if accelerator.num_processes == 1:
+        return stats
+    keys = sorted(stats)
+    values = accelerator.reduce(torch.tensor([float(stats[k]) for k in keys], device=accelerator.device), "mean")
+    return dict(zip(keys, values.tolist()))
+
+
+def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn) -> dict:
+    """Greedy episodes on held-out questions (each process its shard) -> rollout_stats."""
+    from envs.vector_env import SearchVectorEnv
+    from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
+
+    shard = examples[accelerator.process_index::accelerator.num_processes]
+    stats = {k: 0.0 for k in ROLLOUT_KEYS}
+    if shard:
+        venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config)
+        rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
+                                temperature=0.0, samples_per_question=1, seed=cfg.seed)
+        found = rollout_stats(collect_rollouts(backend, venv, shard, rollout, prompt_fn))
+        stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
+    return reduce_mean(accelerator, stats)
+
+
+def sft_view(cfg: PPOConfig):
+    """The flat field names ``training.sft.warm_start`` reads (its ``PPO_FIELDS``)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=cfg.model, seed=cfg.seed, output_dir=cfg.output_dir, index=cfg.index,
+                           corpus=cfg.corpus, env=dict(cfg.env), lora=cfg.lora.enabled, lora_r=cfg.lora.r,
+                           lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                           lora_target_modules=list(cfg.lora.target_modules))
+
+
+def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None) -> PPOConfig:
+    """No ``sft_checkpoint`` given: run the SFT warm start (``training.sft.warm_start``) first."""
+    if cfg.sft_checkpoint or not cfg.sft_warm_start:
+        return cfg
+    from training import sft
+
+    path = sft.warm_start(sft_view(cfg), retriever=retriever)
+    if path:
+        print(f"[ppo] SFT warm start -> {path}", flush=True)
+        return dataclasses.replace(cfg, sft_checkpoint=str(path))
+    print("[ppo] SFT warm start returned no checkpoint: PPO starts from the base model", flush=True)
+    return cfg
+
+
+def _lr_lambda(warmup: int):
+    return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def _fmt(stats: dict[str, float]) -> str:
+    names = [("reward_mean", "R", ".3f"), ("em", "EM", ".2f"), ("selection_precision", "selP", ".2f"),
+             ("kl", "KL", ".4f"), ("entropy", "H", ".2f"), ("clip_frac", "clip", ".3f"),
+             ("value_loss", "VL", ".4f"), ("explained_variance", "EV", ".2f"),
+             ("sampler_logp_gap", "|dlogp|", ".4f"), ("tokens_per_s", "tok/s", ".0f")]
+    return " ".join(f"{short} {stats[key]:{spec}}" for key, short, spec in names if key in stats)
+
+
+# ============================================================================== training
+
+
+def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_examples: list | None = None,
+          models=None, accelerator=None) -> dict[str, Any]:
+    """Run PPO as configured. Components may be injected (tests: tiny models, a toy retriever).
+
+    Returns {"update", "data_position", "eval_start", "eval_end", "history", "models"}.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm import tqdm
+
+    from envs.vector_env import SearchVectorEnv
+    from inference.backends.hf import HFBackend
+    from training.checkpoint import export_hf, load_checkpoint, load_latest, save_checkpoint
+    from training.models import build_models, sequence_values
+    from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
+
+    # ---------------------------------------------------------------- setup
+    if accelerator is None:
+        if cfg.report_to == "wandb":
+            import os
+
+            if not os.environ.get("WANDB_API_KEY"):
+                os.environ.setdefault("WANDB_MODE", "offline")
+        accelerator = Accelerator(log_with="wandb" if cfg.report_to == "wandb" else None)
+    set_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    resume_from = load_latest(out) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        accelerator.print(f"[ppo] --resume: no checkpoint in {out}; starting from scratch")
+    if resume_from is not None and not cfg.sft_checkpoint and (out / "config.yaml").is_file():
+        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
+        if saved.get("sft_checkpoint"):  # resume on top of the same SFT policy
+            cfg = dataclasses.replace(cfg, sft_checkpoint=saved["sft_checkpoint"])
+    retriever = retriever if retriever is not None else load_retriever(cfg)
+    if models is None:
+        cfg = resolve_sft_checkpoint(cfg, retriever)
+        models = build_models(cfg, device=str(accelerator.device))
+    if accelerator.is_main_process:
+        save_resolved(cfg, out)
+    tokenizer = models.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    W, rank = accelerator.num_processes, accelerator.process_index
+
+    if examples is None or eval_examples is None:
+        loaded_train, loaded_eval = load_questions(cfg)
+        examples = loaded_train if examples is None else examples
+        eval_examples = loaded_eval if eval_examples is None else eval_examples
+    env_config = load_env_config(cfg)
+    prompt_fn = prompt_fn_for(env_config)
+    if cfg.questions_per_update % W:
+        raise ValueError(f"questions_per_update ({cfg.questions_per_update}) must divide among {W} processes")
+    local_questions = cfg.questions_per_update // W
+    if local_questions * cfg.samples_per_question < cfg.mini_batches:
+        raise ValueError("each process needs at least one episode per mini-batch")
+
+    actor_params = [p for p in models.actor.parameters() if p.requires_grad]
+    critic_params = [p for p in models.critic.parameters() if p.requires_grad]
+    opt_actor = torch.optim.AdamW(actor_params, lr=cfg.lr_actor, weight_decay=cfg.weight_decay)
+    opt_critic = torch.optim.AdamW(critic_params, lr=cfg.lr_critic, weight_decay=cfg.weight_decay)
+    sched_actor = torch.optim.lr_scheduler.LambdaLR(opt_actor, _lr_lambda(cfg.warmup_updates))
+    sched_critic = torch.optim.lr_scheduler.LambdaLR(opt_critic, _lr_lambda(cfg.warmup_updates))
+    actor, critic, opt_actor, opt_critic = accelerator.prepare(models.actor, models.critic, opt_actor, opt_critic)
+    policy = accelerator.unwrap_model(actor)  # the live weights, shared by the rollout backend
+    value_model = accelerator.unwrap_model(critic)
+    optimizers = {"actor": opt_actor, "critic": opt_critic}
+    schedulers = {"actor": sched_actor, "critic": sched_critic}
+
+    start_update, data_position = 0, 0
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, actor=policy, critic=value_model, optimizers=optimizers,
+                                schedulers=schedulers, accelerator=accelerator)
+        start_update, data_position = state["update"], state["data_position"]
+        accelerator.print(f"[ppo] resumed from {resume_from} (update {start_update}, data position {data_position})")
+
+    backend = HFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
+                        max_context=cfg.max_context_tokens + 1)
+    if cfg.report_to == "wandb":
+        accelerator.init_trackers(cfg.wandb_project, config=to_dict(cfg))
+
+    eval_start = None
+    if eval_examples:
+        eval_start = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator, prompt_fn)
+        accelerator.print(f"[ppo] eval before (update {start_update}): EM {eval_start['em']:.3f} "
+                          f"selection precision {eval_start['selection_precision']:.3f} "
+                          f"reward {eval_start['reward_mean']:.3f} on {len(eval_examples)} held-out questions")
+
+    # ---------------------------------------------------------------- updates
+    history = []
+    bar = tqdm(range(start_update, cfg.updates), initial=start_update, total=cfg.updates, desc="ppo",
+               disable=not accelerator.is_local_main_process)
+    for update in bar:
+        t0 = time.perf_counter()
+        train_actor = update >= cfg.critic_warmup_updates
+
+        # 1. rollouts with the current actor, each process its own shard of the questions
+        questions = next_questions(examples, data_position, cfg.questions_per_update, cfg.seed)
+        data_position += cfg.questions_per_update
+        shard = questions[rank * local_questions:(rank + 1) * local_questions]
+        venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard) * cfg.samples_per_question),
+                               config=env_config)
+        rollout_cfg = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
+                                    temperature=cfg.temperature, top_p=cfg.top_p,
+                                    samples_per_question=cfg.samples_per_question,
+                                    seed=(cfg.seed * 100_003 + update) * 1_009 + rank)
+        episodes = collect_rollouts(backend, venv, shard, rollout_cfg, prompt_fn)
+        t_rollout = time.perf_counter() - t0
+
+        # 2. tensors: (B, T) ids, (B, T-1) per-token quantities aligned with next-token log-probs
+        batch = episodes_to_batch(episodes, pad_id, accelerator.device)
+        B = batch["input_ids"].shape[0]
+        mask = batch["model_mask"]
+        all_rows = torch.arange(B, device=accelerator.device)
+
+        # 3. old log-probs (the trainer's), reference log-probs and values, no gradients
+        old_logp, ref_logp, values = (torch.zeros_like(mask) for _ in range(3))
+        actor.eval()
+        critic.eval()
+        with torch.no_grad():
+            for rows in all_rows.split(cfg.micro_batch_size):
+                mb = select(batch, rows)
+                put(old_logp, rows, actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"])[0])
+                put(ref_logp, rows, models.reference_logprobs(mb["input_ids"], mb["attention_mask"], mb["model_mask"]))
+                put(values, rows, sequence_values(critic, mb["input_ids"], mb["attention_mask"]))
+        actor.train()
+        critic.train()
+        values = values * mask
+
+        # 4. token rewards and advantages
+        kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask
+        token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
+                                            cfg.kl_coef)
+        advantages, returns = compute_advantages(
+            cfg.advantage, token_rewards=token_rewards, values=values, model_mask=mask, scores=batch["reward"],
+            group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam)
+        batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages,
+                     returns=returns)
+
+        # 5. PPO epochs x mini-batches, gradient accumulation over micro-batches
+        sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0, "approx_kl": 0.0,
+                "value_clip_frac": 0.0, "tokens": 0.0}
+        grad_norms = {"actor": [], "critic": []}
+        shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
+        for _epoch in range(cfg.ppo_epochs):
+            order = torch.randperm(B, generator=shuffle).to(accelerator.device)
+            for mini in order.tensor_split(cfg.mini_batches):
+                n_tokens = global_token_count(mask[mini], accelerator)
+                micro = mini.split(cfg.micro_batch_size)
+                for k, rows in enumerate(micro):
+                    mb = select(batch, rows)
+                    m = mb["model_mask"]
+                    with contextlib.ExitStack() as stack:
+                        if k < len(micro) - 1:  # only the last micro-batch all-reduces gradients
+                            stack.enter_context(accelerator.no_sync(critic))
+                            if train_actor:
+                                stack.enter_context(accelerator.no_sync(actor))
+                        new_values = sequence_values(critic, mb["input_ids"], mb["attention_mask"])
+                        v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, cfg.value_clip)
+                        loss = cfg.vf_coef * v_sum
+                        if train_actor:
+                            logp, entropy = actor(mb["input_ids"], mb["attention_mask"], target_mask=m,
+                                                  with_entropy=True)
+                            p_sum, p_stats = policy_loss(logp, mb["old_logp"], mb["advantages"], m, cfg.clip_low,
+                                                         cfg.clip_high, cfg.dual_clip)
+                            h_sum = entropy_sum(entropy, m)
+                            loss = loss + p_sum - cfg.entropy_coef * h_sum
+                            if cfg.kl_mode == "loss":
+                                loss = loss + cfg.kl_coef * masked_sum(
+                                    kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator), m)
+                        accelerator.backward(loss * W / n_tokens)
+                    count = float(m.sum())
+                    sums["tokens"] += count
+                    sums["value_loss"] += float(v_sum.detach())
+                    sums["value_clip_frac"] += float(v_stats["clip_frac"]) * count
+                    if train_actor:
+                        sums["policy_loss"] += float(p_sum.detach())
+                        sums["entropy"] += float(h_sum.detach())
+                        sums["clip_frac"] += float(p_stats["clip_frac"]) * count
+                        sums["approx_kl"] += float(p_stats["approx_kl"]) * count
+                grad_norms["critic"].append(float(accelerator.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)))
+                opt_critic.step()
+                sched_critic.step()
+                opt_critic.zero_grad(set_to_none=True)
+                if train_actor:
+                    grad_norms["actor"].append(float(accelerator.clip_grad_norm_(actor.parameters(),
+                                                                                 cfg.max_grad_norm)))
+                    opt_actor.step()
+                    sched_actor.step()
+                    opt_actor.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - t0
+
+        # 6. logging
+        tokens = max(sums["tokens"], 1.0)
+        stats = {k: v for k, v in rollout_stats(episodes).items() if k in ROLLOUT_KEYS}
+        stats.update({
+            "kl": float(masked_mean(old_logp - ref_logp, mask)),
+            "kl_estimate": float(masked_mean(kl_old, mask)),
+            "entropy": sums["entropy"] / tokens if train_actor else math.nan,
+            "clip_frac": sums["clip_frac"] / tokens if train_actor else math.nan,
+            "approx_kl": sums["approx_kl"] / tokens if train_actor else math.nan,
+            "policy_loss": sums["policy_loss"] / tokens if train_actor else math.nan,
+            "value_loss": sums["value_loss"] / tokens,
+            "value_clip_frac": sums["value_clip_frac"] / tokens,
+            "explained_variance": float(explained_variance(values, returns, mask)),
+            "sampler_logp_gap": float(masked_mean((batch["sampler_logp"] - old_logp).abs(), mask)),
+            "advantage_mean": float(masked_mean(advantages, mask)),
+            "grad_norm_actor": sum(grad_norms["actor"]) / len(grad_norms["actor"]) if grad_norms["actor"] else 0.0,
+            "grad_norm_critic": sum(grad_norms["critic"]) / len(grad_norms["critic"]),
+            "lr_actor": sched_actor.get_last_lr()[0],
+            "tokens_per_s": sum(len(e.token_ids) for e in episodes) / max(elapsed, 1e-9),
+            "rollout_s": t_rollout,
+            "update_s": elapsed,
+            "critic_only": float(not train_actor),
+        })
+        stats = reduce_mean(accelerator, stats)
+        stats["update"] = update + 1
+        history.append(stats)
+        accelerator.log(stats, step=update + 1)
+        if accelerator.is_main_process:
+            line = f"update {update + 1}/{cfg.updates}{' (critic only)' if not train_actor else ''} {_fmt(stats)}"
+            bar.write(line)
+            bar.set_postfix_str(_fmt({k: stats[k] for k in ("reward_mean", "em", "kl") if k in stats}))
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(stats) + "\n")
+            with open(out / "samples.jsonl", "a", encoding="utf-8") as handle:
+                for e in episodes[:cfg.log_samples]:
+                    completion = tokenizer.decode(e.token_ids[e.prompt_length:], skip_special_tokens=False)
+                    handle.write(json.dumps({"update": update + 1, "question": e.example_id, "reward": e.reward,
+                                             "finish": e.finish_reason, "text": completion}) + "\n")
+                    bar.write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): "
+                              f"{completion[-400:]!r}")
+
+        # 7. checkpoint
+        done = update + 1
+        if done % cfg.save_every == 0 or done == cfg.updates:
+            save_checkpoint(out, done, actor=policy, critic=value_model, optimizers=optimizers,
+                            schedulers=schedulers, state={"data_position": data_position, "seed": cfg.seed},
+                            keep=cfg.keep_checkpoints, accelerator=accelerator)
+    bar.close()
+
+    # ---------------------------------------------------------------- the end
+    eval_end = None
+    if eval_examples:
+        eval_end = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator, prompt_fn)
+        before = eval_start or {}
+        accelerator.print(f"[ppo] eval after (update {cfg.updates}): EM {before.get('em', math.nan):.3f} -> "
+                          f"{eval_end['em']:.3f}, selection precision "
+                          f"{before.get('selection_precision', math.nan):.3f} -> {eval_end['selection_precision']:.3f}")
+        if accelerator.is_main_process:
+            from envs.atomic import write_json_atomic
+
+            write_json_atomic({"before": eval_start, "after": eval_end, "questions": len(eval_examples)},
+                              out / "eval.json")
+    if cfg.export and accelerator.is_main_process:
+        folder = export_hf(policy, tokenizer, out / "final_hf")
+        accelerator.print(f"[ppo] exported the policy to {folder} "
+                          f"(python -m inference.evaluate --method seeds-r1 --llm hf:{folder} ...)")
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return {"update": max(cfg.updates, start_update), "data_position": data_position, "eval_start": eval_start,
+            "eval_end": eval_end, "history": history, "models": models}
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = load_config(PPOConfig, sys.argv[1:] if argv is None else argv)
+    train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
