@@ -41,7 +41,7 @@ class PPOConfig:
     # ---- model
     model: str = "gemma3-270m"  # "gemma3-270m", "smollm2-135m", a HF folder or a cached hub id
     sft_checkpoint: str | None = None  # HF folder of the SFT policy (actor init and KL reference)
-    sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) if that module exists
+    sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
     dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
