@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import math
 import sys
 import time
@@ -214,6 +215,13 @@ def sft_view(cfg: PPOConfig):
                            lora_target_modules=list(cfg.lora.target_modules))
 
 
+def _cpu_multiprocess_fix() -> None:
+    """Launched by torchrun on a machine without CUDA, accelerate would start every rank as a
+    lone single process (distributed type NO). Asking for CPU makes it join the gloo group."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
+        os.environ.setdefault("ACCELERATE_USE_CPU", "1")
+
+
 def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None) -> PPOConfig:
     """No ``sft_checkpoint`` given: run the SFT warm start (``training.sft.warm_start``) first."""
     if cfg.sft_checkpoint or not cfg.sft_warm_start:
@@ -266,6 +274,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
 
             if not os.environ.get("WANDB_API_KEY"):
                 os.environ.setdefault("WANDB_MODE", "offline")
+        _cpu_multiprocess_fix()
         accelerator = Accelerator(log_with="wandb" if cfg.report_to == "wandb" else None)
     set_seed(cfg.seed)
     out = Path(cfg.output_dir)
@@ -458,6 +467,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         })
         stats = reduce_mean(accelerator, stats)
         stats["update"] = update + 1
+        stats["world_size"] = W
         history.append(stats)
         accelerator.log(stats, step=update + 1)
         if accelerator.is_main_process:
