@@ -1,5 +1,4 @@
 """Every method driven through the env by a scripted LLM: answers, traces, limits, bad output."""
-import asyncio
 import re
 
 import pytest

@@ -5,7 +5,6 @@ import socket
 import subprocess
 import sys
 
-import pytest
 
 from envs.corpus import load_corpus
 from envs.encoders import load_encoder

@@ -22,7 +22,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.base import Completion, GenerationResult, LLMBackend
 from methods.prompts import r1
 from tests.conftest import PASSAGES
-from training import sft
+from training import sft, trajectories
 from training.rollout import RolloutConfig, collect_rollouts
 
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
@@ -37,7 +37,7 @@ def tokenizer():
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES] + list(sft._THINK.values())
+    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES] + list(trajectories._THINK.values())
     bpe.train_from_iterator(text * 10, trainer)
     bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
@@ -83,16 +83,16 @@ def model_actions(record):
 
 
 def test_scripted_teacher_follows_protocol_and_opens_positives(retriever, examples):
-    records = sft.collect_scripted(examples, retriever, EnvConfig(), num_envs=3, seed=0)
+    records = trajectories.collect_scripted(examples, retriever, EnvConfig(), num_envs=3, seed=0)
     assert [r["id"] for r in records] == [e.id for e in examples]
     for record, example in zip(records, examples):
         assert record["accepted"] and record["reason"] == "correct", record["reason"]
         roles = [s["role"] for s in record["segments"]]
         assert roles[0] == "prompt" and roles[-1] == "model"
         assert all(a != b for a, b in pairwise(roles[1:]))  # model / observation alternate
-        assert record["segments"][0]["text"] == sft.seeds_r1_prompt(example.question)
+        assert record["segments"][0]["text"] == trajectories.seeds_r1_prompt(example.question)
         assert all(s["text"].startswith("<think>") for s in record["segments"] if s["role"] == "model")
-        assert record["text"] == sft.trajectory_text(record["segments"])
+        assert record["text"] == trajectories.trajectory_text(record["segments"])
         summary = record["summary"]
         assert summary["n_invalid"] == 0 and summary["answer"] == example.golden_answers[0]
         assert summary["negatives_opened"] == 0  # positives mode without extra expansions
@@ -103,20 +103,20 @@ def test_scripted_teacher_follows_protocol_and_opens_positives(retriever, exampl
 
 
 def test_scripted_teacher_random_mode_opens_non_positives(retriever, examples):
-    records = sft.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random",
+    records = trajectories.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random",
                                    random_expand=2)
     assert all(r["accepted"] for r in records)
     opened = [s for r in records for s in r["summary"]["searches"]]
     assert all(len(s["expanded"]) == 2 for s in opened)
     assert sum(r["summary"]["negatives_opened"] for r in records) > 0
     # Random choices, seeded per example: the same call gives the same trajectories.
-    again = sft.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random")
+    again = trajectories.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random")
     assert [r["text"] for r in again] == [r["text"] for r in records]
 
 
 def test_scripted_teacher_searches_positive_title_when_not_shown(retriever):
     example = QAExample("qx", "What is the capital of France?", ("Danube",), positive_titles=("Danube",))
-    (record,) = sft.collect_scripted([example], retriever, EnvConfig(), num_envs=1)
+    (record,) = trajectories.collect_scripted([example], retriever, EnvConfig(), num_envs=1)
     queries = [a.query for a in model_actions(record) if hasattr(a, "query")]
     assert queries == [example.question, "Danube"]
     assert record["summary"]["positives_opened"] == 1 and record["accepted"]
@@ -131,25 +131,25 @@ def test_method_teacher_converts_traces(retriever, examples):
         return "<think>search</think><search>capital of France</search>"
 
     unknown = QAExample("qz", "Which mountain is the tallest in Africa?", ("Kilimanjaro",))
-    records = sft.collect_with_method([examples[0], unknown], retriever, "seeds-react", FakeLLM(respond))
+    records = trajectories.collect_with_method([examples[0], unknown], retriever, "seeds-react", FakeLLM(respond))
     first, second = records
     assert first["teacher"] == "method:seeds-react" and first["accepted"] and first["reason"] == "correct"
     assert [s["role"] for s in first["segments"]] == ["prompt", "model", "observation", "model", "observation",
                                                       "model"]
-    assert first["segments"][0]["text"] == sft.seeds_r1_prompt(examples[0].question)
+    assert first["segments"][0]["text"] == trajectories.seeds_r1_prompt(examples[0].question)
     assert first["segments"][1]["text"] == "<think>search</think><search>capital of France</search>"
     assert first["segments"][2]["text"].startswith("<snapshot>")
     assert first["summary"]["searches"][0]["ids"].__len__() == 5  # SEEDS-R1 K, not seeds-react's 10
     assert not second["accepted"] and second["reason"] == "wrong_answer"  # gold never observed
     with pytest.raises(ValueError, match="not the SEEDS-R1 protocol"):
-        sft.method_teacher("react")
+        trajectories.method_teacher("react")
 
 
 # ------------------------------------------------------------------------------ acceptance
 
 def test_acceptance_filter(retriever, examples):
     france = examples[0]
-    play = lambda actions, ex=france: sft.play_actions(ex, actions, retriever)
+    play = lambda actions, ex=france: trajectories.play_actions(ex, actions, retriever)
     good = play(["<search>capital France</search>", "<expand>1</expand>", "<answer>Paris</answer>"])
     assert (good["accepted"], good["reason"]) == (True, "correct")
     invalid = play(["I think", "<search>capital France</search>", "<expand>1</expand>", "<answer>Paris</answer>"])
@@ -165,35 +165,35 @@ def test_acceptance_filter(retriever, examples):
     assert "Spree" in seen["text"] and (seen["accepted"], seen["reason"]) == (True, "gold_observed")
     # An expand must follow every search; a record edited to skip it is rejected.
     skipped = dict(good, segments=[s for s in good["segments"] if "<expand>" not in s["text"]])
-    assert sft.acceptance(skipped) == (False, "search_without_expand")
+    assert trajectories.acceptance(skipped) == (False, "search_without_expand")
     # With the env's require_expand off, the env allows it, the filter does not.
-    loose = sft.play_actions(france, ["<search>capital France</search>", "<answer>Paris</answer>"], retriever,
+    loose = trajectories.play_actions(france, ["<search>capital France</search>", "<answer>Paris</answer>"], retriever,
                              EnvConfig(require_expand=False))
     assert loose["summary"]["n_invalid"] == 0 and loose["reason"] == "search_without_expand"
 
 
 def test_train_dev_split_is_deterministic():
     records = [{"id": f"q{i}", "k": k} for i in range(20) for k in range(2)]
-    train, dev = sft.split_train_dev(records, 0.1, seed=3)
+    train, dev = trajectories.split_train_dev(records, 0.1, seed=3)
     assert len({r["id"] for r in dev}) == 2 and len(train) + len(dev) == 40
     assert not {r["id"] for r in train} & {r["id"] for r in dev}  # a question's records stay together
-    assert sft.split_train_dev(records, 0.1, seed=3) == (train, dev)
-    assert sft.split_train_dev(list(reversed(records)), 0.1, seed=3)[1] == list(reversed(dev))
-    assert {r["id"] for r in sft.split_train_dev(records, 0.1, seed=4)[1]} != {r["id"] for r in dev}
+    assert trajectories.split_train_dev(records, 0.1, seed=3) == (train, dev)
+    assert trajectories.split_train_dev(list(reversed(records)), 0.1, seed=3)[1] == list(reversed(dev))
+    assert {r["id"] for r in trajectories.split_train_dev(records, 0.1, seed=4)[1]} != {r["id"] for r in dev}
 
 
 # ------------------------------------------------------------------------------ token layout
 
 def test_layout_matches_rollout(tokenizer, retriever, examples):
     model = tiny_llama(tokenizer).eval()
-    records = sft.collect_scripted(examples[:2], retriever, EnvConfig(), num_envs=2, seed=0)
+    records = trajectories.collect_scripted(examples[:2], retriever, EnvConfig(), num_envs=2, seed=0)
     for record, example in zip(records, examples):
         texts = [s["text"] for s in record["segments"] if s["role"] == "model"]
         backend = ReplayBackend(model, tokenizer, texts)
         venv = SearchVectorEnv(retriever, num_envs=1, config=EnvConfig())
         (episode,) = collect_rollouts(backend, venv, [example], RolloutConfig(temperature=0.0))
         assert episode.finish_reason == "answer"
-        layout = sft.tokenize_trajectory(record, tokenizer)
+        layout = trajectories.tokenize_trajectory(record, tokenizer)
         assert layout["input_ids"] == episode.token_ids
         assert layout["loss_mask"] == episode.loss_mask
         # Closing tags and the final EOS are trained; observations and the prompt are not.
@@ -205,23 +205,23 @@ def test_layout_matches_rollout(tokenizer, retriever, examples):
                                      if m == 0])
         assert "<snapshot>" in observed and "<information>" in observed and "<search>" not in observed
         # The episode read back as a record gives the same layout.
-        back = sft.trajectory_from_episode(episode, tokenizer, example)
-        assert back["accepted"] and sft.tokenize_trajectory(back, tokenizer) == layout
-        rows = sft.sft_rows([record], tokenizer)
+        back = trajectories.trajectory_from_episode(episode, tokenizer, example)
+        assert back["accepted"] and trajectories.tokenize_trajectory(back, tokenizer) == layout
+        rows = trajectories.sft_rows([record], tokenizer)
         assert rows[0]["labels"] == [i if m else -100 for i, m in zip(ids, mask)]
-    assert sft.sft_rows(records, tokenizer, max_length=10) == []  # too long: dropped, never cut
+    assert trajectories.sft_rows(records, tokenizer, max_length=10) == []  # too long: dropped, never cut
 
 
 # ------------------------------------------------------------------------------ training
 
 def test_sft_steps_lower_loss_and_dev_eval_keeps_best(tokenizer, retriever, examples, tmp_path):
-    records = sft.collect_scripted(examples, retriever, EnvConfig(), num_envs=4, seed=0)
+    records = trajectories.collect_scripted(examples, retriever, EnvConfig(), num_envs=4, seed=0)
     train, dev = records[:2], records[2:]
     config = sft.WarmStartConfig(output_dir=str(tmp_path / "sft"), epochs=4, learning_rate=3e-3, batch_size=4,
                                  logging_steps=1, warmup_ratio=0.0, eval_max_turn_tokens=6, eval_batch_size=2,
                                  device="cpu")
     model = tiny_llama(tokenizer)
-    rows = sft.sft_rows(train * 2, tokenizer)
+    rows = trajectories.sft_rows(train * 2, tokenizer)
     trainer = sft.build_trainer(rows, config, model, tokenizer)
     # TRL keeps our labels: loss only on model tokens.
     assert trainer.train_dataset[0]["labels"] == rows[0]["labels"]
@@ -289,5 +289,5 @@ def test_cli_config_and_collect_only(retriever, examples, tmp_path, monkeypatch)
     assert sft.WarmStartConfig.from_yaml("configs/sft/default.yaml").teacher == "scripted"
     # Training from the file re-judges every record with the filter.
     record = json.loads(lines[0])
-    assert sft.acceptance(record) == (record["accepted"], record["reason"])
+    assert trajectories.acceptance(record) == (record["accepted"], record["reason"])
     assert isinstance(parse_action(record["segments"][3]["text"]), ExpandAction)

@@ -29,13 +29,7 @@ Three stages, each usable alone:
    questions (:func:`training.rollout.collect_rollouts`) and saves it when its dev EM is the
    best so far; the best one is returned as a Hugging Face folder (LoRA merged on request).
 
-Trajectory record (``trajectories.jsonl``)::
-
-    {"id", "question", "golden_answers", "example": QAExample.to_dict(), "teacher",
-     "segments": [{"role": "prompt" | "model" | "observation", "text"}, ...],
-     "text": prompt + model texts + "\\n" + observation + "\\n" ... (the decoded layout, no EOS),
-     "ended_with_answer": bool, "summary": the env's episode summary, "accepted", "reason"}
-
+Collection, acceptance, the split and the token layout live in :mod:`training.trajectories`.
 Observation segments hold the env's observation as returned; the ``"\\n"`` around it is added
 by the layout. Entry points: :func:`warm_start` (used by the PPO trainer), :func:`run` and the
 CLI (``python -m training.sft --config configs/sft/default.yaml`` or through
@@ -47,7 +41,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import random
 import shutil
 import sys
 import time
@@ -63,23 +56,20 @@ import yaml
 
 from envs.atomic import write_jsonl_atomic, write_text_atomic
 from envs.config import EnvConfig
-from envs.metrics import answer_bearing, normalize_answer
-from envs.protocol import (
-    AnswerAction,
-    ExpandAction,
-    SearchAction,
-    format_answer,
-    format_expand,
-    format_search,
-    parse_action,
-)
 from envs.types import QAExample
+
+from training.trajectories import (
+    TEACHER_EXPAND_MODES,
+    acceptance,
+    collect_scripted,
+    collect_with_method,
+    example_of,
+    sft_rows,
+    split_train_dev,
+)
 
 log = logging.getLogger("training.sft")
 
-TEACHER_EXPAND_MODES = ("positives", "random")
-PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
-ROLES = ("prompt", "model", "observation")
 
 
 # ================================================================================ configuration
@@ -173,364 +163,6 @@ class WarmStartConfig:
 
 
 # ================================================================================ records
-
-def _record(example: QAExample, teacher: str, prompt: str, turns: list[tuple[str, str]], summary: dict,
-            ended_with_answer: bool) -> dict:
-    """A trajectory record; ``turns`` are ``(role, text)`` after the prompt."""
-    segments = [{"role": "prompt", "text": prompt}] + [{"role": r, "text": t} for r, t in turns]
-    record = {
-        "id": example.id,
-        "question": example.question,
-        "golden_answers": list(example.golden_answers),
-        "example": example.to_dict(),
-        "teacher": teacher,
-        "segments": segments,
-        "text": trajectory_text(segments),
-        "ended_with_answer": ended_with_answer,
-        "summary": summary,
-    }
-    accepted, reason = acceptance(record)
-    record.update(accepted=accepted, reason=reason)
-    return record
-
-
-def trajectory_text(segments: Sequence[dict]) -> str:
-    """The decoded layout: prompt, model texts, observations wrapped in ``"\\n"`` (no EOS)."""
-    return "".join(f"\n{s['text']}\n" if s["role"] == "observation" else s["text"] for s in segments)
-
-
-def example_of(record: dict) -> QAExample:
-    from envs.data import example_from_record
-
-    return example_from_record(record["example"], record["id"])
-
-
-def seeds_r1_prompt(question: str) -> str:
-    from training.rollout import default_prompt_fn
-
-    return default_prompt_fn()(question)
-
-
-# ================================================================================ acceptance
-
-def acceptance(record: dict) -> tuple[bool, str]:
-    """SEEDS-R1 E.2: protocol followed AND (EM == 1 OR a gold answer was observed).
-
-    Reasons: ``"correct"`` / ``"gold_observed"`` (accepted); ``"invalid_action"``,
-    ``"search_without_expand"``, ``"no_answer"``, ``"wrong_answer"`` (rejected).
-    """
-    summary = record.get("summary") or {}
-    segments = record["segments"]
-    actions = [parse_action(s["text"]) for s in segments if s["role"] == "model"]
-    if summary.get("n_invalid", 0) > 0 or any(not isinstance(a, (SearchAction, ExpandAction, AnswerAction))
-                                              for a in actions):
-        return False, "invalid_action"
-    for i, action in enumerate(actions):
-        if isinstance(action, SearchAction) and not (i + 1 < len(actions) and isinstance(actions[i + 1], ExpandAction)):
-            return False, "search_without_expand"
-    if not actions or not isinstance(actions[-1], AnswerAction) or summary.get("answer") is None \
-            or not record.get("ended_with_answer", True):
-        return False, "no_answer"
-    if float((summary.get("metrics") or {}).get("em", 0.0)) == 1.0:
-        return True, "correct"
-    golds = record["golden_answers"]
-    if any(answer_bearing(s["text"], golds) for s in segments if s["role"] == "observation"):
-        return True, "gold_observed"
-    return False, "wrong_answer"
-
-
-def split_train_dev(records: Sequence[dict], dev_fraction: float = 0.1, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Seeded split by question id: every record of a question lands on the same side.
-
-    ``dev`` gets ``round(dev_fraction * questions)`` questions (at least one when
-    ``dev_fraction > 0`` and there are two or more questions).
-    """
-    ids = sorted({r["id"] for r in records})
-    random.Random(seed).shuffle(ids)
-    n_dev = round(dev_fraction * len(ids))
-    if dev_fraction > 0 and n_dev == 0 and len(ids) >= 2:
-        n_dev = 1
-    dev_ids = set(ids[:n_dev])
-    return [r for r in records if r["id"] not in dev_ids], [r for r in records if r["id"] in dev_ids]
-
-
-# ================================================================================ scripted teacher
-
-_THINK = {
-    "search": "I need facts I do not have yet, so I will search for them.",
-    "expand": "Candidates {ids} look worth reading in full.",
-    "expand_none": "None of these candidates looks useful.",
-    "search_again": "The candidates miss the subject; I will search for {query} instead.",
-    "answer": "The passages I read are enough to answer.",
-}
-
-
-def _think(text: str, enabled: bool) -> str:
-    return f"<think>{text}</think>\n" if enabled else ""
-
-
-class ScriptedTeacher:
-    """Gold-guided policy state for one episode; :meth:`act` gets the env's last info."""
-
-    def __init__(self, example: QAExample, env_config: EnvConfig, expand: str = "positives", extra_expand: int = 0,
-                 random_expand: int = 2, second_search: bool = True, think: bool = True,
-                 rng: random.Random | None = None):
-        if expand not in TEACHER_EXPAND_MODES:
-            raise ValueError(f"expand must be one of {TEACHER_EXPAND_MODES}")
-        self.example, self.config = example, env_config
-        self.expand_mode, self.extra_expand, self.random_expand = expand, extra_expand, random_expand
-        self.second_search, self.think = second_search, think
-        self.rng = rng or random.Random(0)
-        self.searched: list[str] = []
-        self.shown_titles: set[str] = set()
-
-    def first(self) -> str:
-        self.searched.append(self.example.question)
-        return _think(_THINK["search"], self.think) + format_search(self.example.question)
-
-    def act(self, info: dict) -> str:
-        """The next action after an env step whose info was ``info``."""
-        search = info.get("search")
-        if info.get("action") == "search" and search is not None and search["ids"]:
-            return self._expand(search)
-        return self._after_information(search)
-
-    def _expand(self, search: dict) -> str:
-        n = len(search["ids"])
-        self.shown_titles.update(normalize_answer(t) for t in search["titles"])
-        limit = self.config.max_expand
-        if self.expand_mode == "positives":
-            chosen = [i + 1 for i in range(n) if search["positive"][i]][:limit]
-            others = [i + 1 for i in range(n) if not search["positive"][i]]
-            extra = self.rng.sample(others, min(self.extra_expand, len(others), max(0, limit - len(chosen))))
-            chosen = sorted(chosen + extra)
-        else:
-            chosen = sorted(self.rng.sample(range(1, n + 1), min(self.random_expand, n, limit)))
-        self._found_positive = any(search["positive"])
-        if not chosen:
-            return _think(_THINK["expand_none"], self.think) + format_expand([])
-        return _think(_THINK["expand"].format(ids=", ".join(map(str, chosen))), self.think) + format_expand(chosen)
-
-    def _after_information(self, search: dict | None) -> str:
-        found = getattr(self, "_found_positive", True)
-        if self.second_search and not found and len(self.searched) < self.config.max_searches:
-            query = self._second_query()
-            if query is not None:
-                self.searched.append(query)
-                return _think(_THINK["search_again"].format(query=query), self.think) + format_search(query)
-        return _think(_THINK["answer"], self.think) + format_answer(self.example.golden_answers[0])
-
-    def _second_query(self) -> str | None:
-        seen = {normalize_answer(q) for q in self.searched}
-        options = [t for t in self.example.positive_titles if normalize_answer(t) not in self.shown_titles]
-        options += list(self.example.golden_answers)
-        for query in options:
-            if normalize_answer(query) and normalize_answer(query) not in seen:
-                return query
-        return None
-
-
-def collect_scripted(examples: Sequence[QAExample], retriever: Any, env_config: EnvConfig | None = None,
-                     num_envs: int = 16, seed: int = 0, expand: str = "positives", extra_expand: int = 0,
-                     random_expand: int = 2, second_search: bool = True, think: bool = True,
-                     tokenizer: Any | None = None) -> list[dict]:
-    """One scripted-teacher trajectory per example, ``num_envs`` episodes per env step."""
-    from envs.vector_env import SearchVectorEnv
-
-    env_config = env_config or EnvConfig()
-    venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples) or 1)), config=env_config,
-                           tokenizer=tokenizer)
-    teacher_name = f"scripted:{expand}"
-    records: list[dict] = []
-    for start in range(0, len(examples), venv.num_envs):
-        batch = list(examples[start:start + venv.num_envs])
-        n = len(batch)
-        padded = batch + [batch[0]] * (venv.num_envs - n)
-        venv.reset(seed=seed + start, examples=padded)
-        teachers = [ScriptedTeacher(ex, env_config, expand, extra_expand, random_expand, second_search, think,
-                                    random.Random(f"{seed}:{ex.id}")) for ex in batch]
-        turns: list[list[tuple[str, str]]] = [[] for _ in batch]
-        pending: list[str | None] = [t.first() for t in teachers] + [None] * (venv.num_envs - n)
-        summaries: list[dict | None] = [None] * n
-        answered = [False] * n
-        while any(a is not None for a in pending):
-            observations, _, terminated, truncated, infos = venv.step(pending)
-            following: list[str | None] = [None] * venv.num_envs
-            for k in range(n):
-                if pending[k] is None:
-                    continue
-                turns[k].append(("model", pending[k]))
-                if terminated[k] or truncated[k]:
-                    summaries[k] = infos[k]["episode"]
-                    answered[k] = bool(terminated[k])
-                    continue
-                turns[k].append(("observation", observations[k]))
-                following[k] = teachers[k].act(infos[k])
-            pending = following
-        for k, example in enumerate(batch):
-            records.append(_record(example, teacher_name, seeds_r1_prompt(example.question), turns[k], summaries[k],
-                                   answered[k]))
-    return records
-
-
-def play_actions(example: QAExample, model_texts: Sequence[str], retriever: Any, env_config: EnvConfig | None = None,
-                 teacher: str = "replay", seed: int = 0) -> dict:
-    """The trajectory record of fixed model turns played in a fresh :class:`SearchEnv` (stops when
-    the env ends the episode; turns left over are ignored). For hand-written demonstrations and tests."""
-    from envs.search_env import SearchEnv
-
-    env = SearchEnv(retriever, None, env_config or EnvConfig())
-    env.reset(seed=seed, options={"example": example})
-    turns: list[tuple[str, str]] = []
-    summary, answered = None, False
-    for text in model_texts:
-        observation, _, terminated, truncated, info = env.step(text)
-        turns.append(("model", text))
-        if terminated or truncated:
-            summary, answered = info["episode"], bool(terminated)
-            break
-        turns.append(("observation", observation))
-    if summary is None:
-        summary = env.summary()
-    return _record(example, teacher, seeds_r1_prompt(example.question), turns, summary, answered)
-
-
-# ================================================================================ method teacher
-
-def method_teacher(name: str, options: dict | None = None):
-    """The registered method ``name`` with the SEEDS-R1 limits (K=5, expand <= 5, 4 searches, 10 actions)."""
-    if name not in PROTOCOL_METHODS:
-        raise ValueError(f"method {name!r} cannot teach SEEDS-R1: its env actions are not the SEEDS-R1 protocol "
-                         f"(search -> snapshot -> expand -> answer); use one of {PROTOCOL_METHODS}")
-    import methods.base
-
-    limits = {"k": 5, "max_expand": 5, "max_searches": 4, "max_actions": 10}
-    return methods.base.get(name, **{**limits, **(options or {})})
-
-
-def record_from_method(result: dict, example: QAExample, teacher: str) -> dict:
-    """A runner prediction record (with its trace) as a SEEDS-R1 trajectory.
-
-    Each env step becomes one model segment and (unless it ended the episode) one observation.
-    The model segment is the LLM turn that produced the action (its reasoning included) when
-    the step followed one; a step the method made itself (a forced ``<expand>none</expand>``,
-    a cleaned forced answer) appears as the action text.
-    """
-    turns: list[tuple[str, str]] = []
-    last_output: str | None = None
-    finished_with_answer = False
-    for event in result.get("trace", []):
-        if event.get("type") == "llm":
-            last_output = event.get("output") if event.get("tag") == "turn" else None
-        elif event.get("type") == "env":
-            text = last_output if last_output is not None and last_output == event["action"] else event["action"]
-            last_output = None
-            turns.append(("model", text))
-            if event.get("kind") == "answer":
-                finished_with_answer = True
-                break
-            turns.append(("observation", event["observation"]))
-    summary = {
-        "example_id": result["id"], "question": result["question"], "golden_answers": result["golden_answers"],
-        "answer": result.get("prediction"), "metrics": result.get("metrics", {}),
-        "n_searches": result.get("n_searches", 0), "n_invalid": result.get("n_invalid", 0),
-        "docs_read": result.get("docs_read", 0), "positives_opened": result.get("positives_opened", 0),
-        "negatives_opened": result.get("negatives_opened", 0), "positives_shown": result.get("positives_shown", 0),
-        "searches": result.get("searches", []), "finish_reason": result.get("finish_reason"),
-    }
-    if turns and turns[-1][0] == "observation":  # the env ended the episode without an answer
-        turns.pop()
-    return _record(example, teacher, seeds_r1_prompt(example.question), turns, summary, finished_with_answer)
-
-
-def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: str, llm: Any,
-                        env_config: EnvConfig | None = None, method_options: dict | None = None,
-                        concurrency: int = 32, seed: int = 0) -> list[dict]:
-    """Run ``method`` (an instance is built from its name) with backend ``llm`` (an ``LLMBackend`` or a
-    spec) over ``examples`` through :mod:`methods.runner`, and convert every record."""
-    from methods.runner import run_questions_sync
-
-    teacher = method_teacher(method, method_options)
-    if isinstance(llm, str):
-        from inference.backends import load_backend
-
-        llm = load_backend(llm)
-    results = run_questions_sync(teacher, examples, llm, retriever, env_config or EnvConfig(),
-                                 concurrency=concurrency, seed=seed)
-    return [record_from_method(r, ex, f"method:{method}") for r, ex in zip(results, examples)]
-
-
-# ================================================================================ token layout
-
-def tokenize_trajectory(record: dict, tokenizer: Any) -> dict[str, list[int]]:
-    """``input_ids`` and ``loss_mask`` exactly as :func:`training.rollout.collect_rollouts` lays
-    out the same episode (the EOS after an accepted final answer is a trained token)."""
-    ids: list[int] = []
-    mask: list[int] = []
-    for segment in record["segments"]:
-        role, text = segment["role"], segment["text"]
-        if role == "prompt":
-            piece = list(tokenizer(text, add_special_tokens=True)["input_ids"])
-            bit = 0
-        elif role == "model":
-            piece, bit = list(tokenizer(text, add_special_tokens=False)["input_ids"]), 1
-        elif role == "observation":
-            piece, bit = list(tokenizer("\n" + text + "\n", add_special_tokens=False)["input_ids"]), 0
-        else:
-            raise ValueError(f"unknown segment role {role!r}")
-        ids += piece
-        mask += [bit] * len(piece)
-    model_segments = [s for s in record["segments"] if s["role"] == "model"]
-    if record.get("ended_with_answer", True) and model_segments and model_segments[-1]["text"].rstrip().endswith(
-            "</answer>"):
-        if tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer has no EOS token")
-        ids.append(tokenizer.eos_token_id)
-        mask.append(1)
-    return {"input_ids": ids, "loss_mask": mask}
-
-
-def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, teacher: str = "policy") -> dict:
-    """A rollout :class:`training.rollout.Episode` as a trajectory record (segments decoded from its
-    mask runs), e.g. to keep a policy's own accepted episodes for further SFT."""
-    eos = tokenizer.eos_token_id
-    ids, mask = list(episode.token_ids), list(episode.loss_mask)
-    ended = bool(ids) and ids[-1] == eos and mask[-1] == 1 and episode.finish_reason == "answer"
-    if ended:
-        ids, mask = ids[:-1], mask[:-1]
-    segments = [{"role": "prompt", "text": tokenizer.decode(ids[:episode.prompt_length], skip_special_tokens=True)}]
-    start = episode.prompt_length
-    for t in range(start + 1, len(ids) + 1):
-        if t == len(ids) or mask[t] != mask[start]:
-            text = tokenizer.decode(ids[start:t], skip_special_tokens=False)
-            if mask[start]:
-                segments.append({"role": "model", "text": text})
-            else:
-                segments.append({"role": "observation", "text": text[1:-1] if text.startswith("\n") and
-                                 text.endswith("\n") else text})
-            start = t
-    record = {"id": example.id, "question": example.question, "golden_answers": list(example.golden_answers),
-              "example": example.to_dict(), "teacher": teacher, "segments": segments,
-              "text": trajectory_text(segments), "ended_with_answer": ended, "summary": dict(episode.info)}
-    record["accepted"], record["reason"] = acceptance(record)
-    return record
-
-
-def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None) -> list[dict]:
-    """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped."""
-    rows = []
-    for record in records:
-        layout = tokenize_trajectory(record, tokenizer)
-        if max_length is not None and len(layout["input_ids"]) > max_length:
-            log.warning("dropping trajectory %s: %d tokens > max_length %d", record["id"], len(layout["input_ids"]),
-                        max_length)
-            continue
-        labels = [t if m else -100 for t, m in zip(layout["input_ids"], layout["loss_mask"])]
-        rows.append({"input_ids": layout["input_ids"], "labels": labels})
-    return rows
-
-
-# ================================================================================ dev evaluation
 
 def dev_em(model: Any, tokenizer: Any, examples: Sequence[QAExample], retriever: Any,
            env_config: EnvConfig | None = None, num_envs: int = 16, max_turn_tokens: int = 256,
