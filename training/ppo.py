@@ -269,11 +269,11 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
 
     # ---------------------------------------------------------------- setup
     if accelerator is None:
-        if cfg.report_to == "wandb":
-            import os
-
-            if not os.environ.get("WANDB_API_KEY"):
-                os.environ.setdefault("WANDB_MODE", "offline")
+        if cfg.report_to == "wandb" and not os.environ.get("WANDB_API_KEY"):
+            os.environ.setdefault("WANDB_MODE", "offline")
+            os.environ.setdefault("WANDB_DIR", cfg.output_dir)
+            print(f"[ppo] W&B: no WANDB_API_KEY, logging offline under {cfg.output_dir}/wandb "
+                  "(upload later with `wandb sync`)", flush=True)
         _cpu_multiprocess_fix()
         accelerator = Accelerator(log_with="wandb" if cfg.report_to == "wandb" else None)
     set_seed(cfg.seed)
