@@ -335,3 +335,36 @@ def test_entropy_chunked_equals_direct(chunk):
     close(got, direct, atol=1e-5)
     (gc,) = torch.autograd.grad(got.sum(), logits)
     torch.testing.assert_close(gc, gd, atol=1e-5, rtol=1e-5)
+
+
+def test_whitening_uses_the_statistics_of_all_processes():
+    """Two fake ranks: rank 0 holds advantages [1, 2], rank 1 holds [3, 10] (plus a masked 99).
+
+    Global μ = 16/4 = 4, unbiased σ² = ((−3)² + (−2)² + (−1)² + 6²)/3 = 50/3; every rank must whiten
+    with these, not with its own [1, 2] or [3, 10] moments."""
+    import math
+
+    from training.ppo_core import global_masked_moments, masked_whiten
+
+    rank0 = (torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 1]]))
+    rank1 = (torch.tensor([[3.0, 10.0, 99.0]]), torch.tensor([[1, 1, 0]]))
+
+    class TwoRanks:
+        def __init__(self, other):
+            self.other = other
+
+        def reduce(self, t, reduction="sum"):
+            x, m = self.other
+            m = m.to(torch.float64)
+            x = x.to(torch.float64)
+            return t + torch.stack([m.sum(), (m * x).sum(), (m * x * x).sum()])
+
+    mean, var = global_masked_moments(*rank0, accelerator=TwoRanks(rank1))
+    assert float(mean) == pytest.approx(4.0) and float(var) == pytest.approx(50 / 3)
+    white0 = masked_whiten(*rank0, accelerator=TwoRanks(rank1))
+    expected = [(1 - 4) / math.sqrt(50 / 3 + 1e-8), (2 - 4) / math.sqrt(50 / 3 + 1e-8)]
+    assert white0[0].tolist() == pytest.approx(expected)
+    # one process: identical to the local formula
+    x, m = rank1
+    alone = type("One", (), {"reduce": lambda self, t, reduction: t})()
+    assert masked_whiten(x, m)[0].tolist() == pytest.approx(masked_whiten(x, m, accelerator=alone)[0].tolist())

@@ -385,7 +385,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                                             cfg.kl_coef)
         advantages, returns = compute_advantages(
             cfg.advantage, token_rewards=token_rewards, values=values, model_mask=mask, scores=batch["reward"],
-            group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam)
+            group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam, accelerator=accelerator)
         batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages,
                      returns=returns)
 

@@ -61,13 +61,44 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return torch.where(denom > 0, sq / denom.clamp(min=1.0), torch.zeros_like(sq))
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+def _reduce_sum(t: torch.Tensor, accelerator=None) -> torch.Tensor:
+    """Sum of ``t`` over all processes (accelerate, else torch.distributed, else local)."""
+    if accelerator is not None:
+        return accelerator.reduce(t, reduction="sum")
+    if dist.is_available() and dist.is_initialized():
+        total = t.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total
+    return t
+
+
+def global_masked_moments(x: torch.Tensor, mask: torch.Tensor, accelerator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and unbiased variance of x over mask == 1 entries of ALL processes.
+
+    x, mask: (B, T) -> (μ, σ²) scalars, from the reduced Σm, Σm·x and Σm·x². One process: the
+    same values as :func:`masked_mean` / :func:`masked_var`.
+    """
+    m = _as(mask, x).detach()
+    xd = x.detach().to(torch.float64)
+    sums = torch.stack([m.sum().double(), (m * xd).sum(), (m * xd * xd).sum()])
+    n, s1, s2 = _reduce_sum(sums, accelerator).unbind()
+    mean = s1 / n.clamp(min=1.0)
+    var = torch.where(n > 1, (s2 - n * mean * mean) / (n - 1.0).clamp(min=1.0), torch.zeros_like(n))
+    return mean.to(x.dtype), var.clamp(min=0.0).to(x.dtype)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, accelerator=None) -> torch.Tensor:
     """(x − μ)/sqrt(σ² + 1e-8) with μ, σ² (unbiased) over mask == 1 only; masked-out entries -> 0.
 
     x, mask: (B, T) -> (B, T). shift_mean=False adds μ back (scale only, keep the mean).
+    With several processes (an ``accelerator`` or a torch.distributed group), μ and σ² are taken
+    over the model tokens of ALL processes, so every rank whitens with the same statistics.
     """
-    mean = masked_mean(x, mask)
-    white = (x - mean) * torch.rsqrt(masked_var(x, mask) + WHITEN_EPS)
+    if accelerator is not None or (dist.is_available() and dist.is_initialized()):
+        mean, var = global_masked_moments(x, mask, accelerator)
+    else:
+        mean, var = masked_mean(x, mask), masked_var(x, mask)
+    white = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
     if not shift_mean:
         white = white + mean
     return white * _as(mask, x)
@@ -229,15 +260,16 @@ def gae_estimator(
     gamma: float = 1.0,
     lam: float = 1.0,
     whiten: bool = True,
+    accelerator=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's estimator: `gae_advantages`, then advantages whitened over model tokens.
+    """PPO's estimator: `gae_advantages`, then advantages whitened over the model tokens of all processes.
 
     token_rewards, values, model_mask: (B, T) -> advantages (B, T), returns (B, T).
     returns = un-whitened A + V (the critic's target).
     """
     advantages, returns = gae_advantages(token_rewards, values, model_mask, gamma, lam)
     if whiten:
-        advantages = masked_whiten(advantages, model_mask)
+        advantages = masked_whiten(advantages, model_mask, accelerator=accelerator)
     return advantages, returns
 
 
@@ -449,15 +481,7 @@ def global_token_count(mask: torch.Tensor, accelerator=None) -> torch.Tensor:
     Note: DDP/accelerate AVERAGE gradients over the W processes, so use
     loss = loss_sum · W / global_token_count to get the token mean's gradient.
     """
-    local = mask.detach().to(torch.float32).sum()
-    if accelerator is not None:
-        total = accelerator.reduce(local, reduction="sum")
-    elif dist.is_available() and dist.is_initialized():
-        total = local.clone()
-        dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    else:
-        total = local
-    return total.clamp(min=1.0)
+    return _reduce_sum(mask.detach().to(torch.float32).sum(), accelerator).clamp(min=1.0)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
