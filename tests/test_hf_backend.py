@@ -15,8 +15,9 @@ import asyncio
 
 import pytest
 import torch
+from tiny_models import tiny_llama as shared_tiny_llama
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from inference.backends import decoding, load_backend
 from inference.backends.base import GenerationRequest
@@ -45,14 +46,7 @@ def tokenizer():
 
 
 def tiny_llama(tokenizer, init: float) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT, initializer_range=init,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    return shared_tiny_llama(tokenizer, init=init, context=CONTEXT)
 
 
 @pytest.fixture(scope="module")

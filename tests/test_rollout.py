@@ -18,16 +18,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_models import STATES, TAGS, WORDS, tiny_llama, tiny_tokenizer
 
 from envs.config import EnvConfig
 from envs.protocol import CLOSING_TAGS
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
-from methods.prompts import r1
 from methods.seeds import SeedsR1
-from tests.conftest import PASSAGES
 from training.rollout import (
     Episode,
     RolloutConfig,
@@ -36,9 +33,6 @@ from training.rollout import (
     rollout_stats,
 )
 
-STATES = ["?\n", "</snapshot>\n", "</information>\n"]
-TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
-WORDS = [" capital", " France", " 1", " Paris"]
 SCRIPT = {
     "?\n": ["<search>", " capital", " France", "</search>"],
     "</snapshot>\n": ["<expand>", " 1", "</expand>"],
@@ -49,31 +43,10 @@ CONTEXT = 4096
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES]
-    bpe.train_from_iterator(text * 10, trainer)
-    bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  clean_up_tokenization_spaces=False)
-    tok.add_tokens(STATES + TAGS + WORDS)
+    tok = tiny_tokenizer()
     for piece in STATES + TAGS + WORDS:
         assert len(tok(piece, add_special_tokens=False)["input_ids"]) == 1, piece
     return tok
-
-
-def tiny_llama(tokenizer, init: float) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT, initializer_range=init,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
 
 
 def _id(tokenizer, piece: str) -> int:
