@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from itertools import pairwise
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -239,6 +238,28 @@ def test_sft_steps_lower_loss_and_dev_eval_keeps_best(tokenizer, retriever, exam
     assert json.loads((tmp_path / "sft" / "sft_summary.json").read_text())["model_dir"] == summary["model_dir"]
 
 
+def test_model_token_loss_equals_causal_lm_loss(tokenizer):
+    import torch
+
+    torch.manual_seed(0)
+    model = tiny_llama(tokenizer)
+    ids = torch.randint(3, 100, (2, 12))
+    attention = torch.ones_like(ids)
+    attention[1, 9:] = 0  # right padding in row 1
+    labels = ids.clone()
+    labels[:, :4] = -100  # prompt
+    labels[0, 7:9] = -100  # an observation
+    labels[1, 9:] = -100
+    nll, count = sft.model_token_nll(model, ids, attention, labels, chunk=3)
+    reference = model(input_ids=ids, attention_mask=attention, labels=labels).loss  # HF mean over labelled tokens
+    assert int(count) == int((labels[:, 1:] != -100).sum())
+    assert torch.allclose(nll / count, reference, atol=1e-5)
+    labels_changed = labels.clone()
+    labels_changed[0, 5] = -100
+    other, _ = sft.model_token_nll(model, ids, attention, labels_changed)
+    assert not torch.allclose(other, nll)  # the mask matters
+
+
 def dataclass_replace(config, **changes):
     import dataclasses
 
@@ -252,9 +273,11 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     examples = [QAExample(f"w{i}", q, (a,)) for i, (q, a) in enumerate(
         [("What is the capital of France?", "Paris"), ("Which river flows through Berlin?", "Spree"),
          ("What is the capital of Japan?", "Tokyo"), ("Which river flows through Vienna?", "Danube")])]
-    ppo_cfg = SimpleNamespace(model=str(base), output_dir=str(tmp_path / "ppo"), seed=0, lora=True, lora_r=4,
-                              lora_alpha=8, sft_epochs=1, sft_batch_size=2, sft_dev_limit=1, sft_learning_rate=1e-3,
-                              sft_eval_max_turn_tokens=8)
+    from training.config import PPOConfig
+
+    ppo_cfg = PPOConfig(model=str(base), output_dir=str(tmp_path / "ppo"), seed=0, env={"max_searches": 2},
+                        sft={"lora_r": 4, "lora_alpha": 8, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3,
+                             "dev_eval": True, "dev_limit": 1, "eval_max_turn_tokens": 8})
     # warm_start collects on default questions; here the run is pointed at the four examples above.
     original = sft.load_examples
     sft.load_examples = lambda config: examples
@@ -268,6 +291,7 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     assert not any("lora" in name for name, _ in merged.named_parameters())
     resolved = sft.WarmStartConfig.from_yaml(out / "config.yaml")
     assert resolved.teacher_expand == "random" and resolved.lora and resolved.epochs == 1
+    assert resolved.lora_r == 4 and resolved.env["max_searches"] == 2 and resolved.env["top_k"] == 5
     stats = json.loads((out / "acceptance.json").read_text())
     assert stats["accepted"] == 4 and stats["train"] + stats["dev"] == 4
 
@@ -275,12 +299,14 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
 def test_cli_config_and_collect_only(retriever, examples, tmp_path, monkeypatch):
     recipe = tmp_path / "sft.yaml"
     recipe.write_text("model: tiny\nepochs: 5\nteacher_expand: random\n")
-    config, args = sft.resolve_config(["--config", str(recipe), "--set", "epochs=2", "--set", "lora=true",
-                                       "--output-dir", str(tmp_path / "out"), "--collect-only"])
+    config, args = sft.resolve_config(["--config", str(recipe), "--epochs", "2", "--lora", "true",
+                                       "--output-dir", str(tmp_path / "out"), "--collect-only", "--env.top_k", "3"])
     assert (config.model, config.epochs, config.lora, config.teacher_expand) == ("tiny", 2, True, "random")
-    assert args.collect_only and config.output_dir == str(tmp_path / "out")
-    with pytest.raises(SystemExit):
-        sft.resolve_config(["--set", "no_such_field=1"])
+    assert args.collect_only and config.output_dir == str(tmp_path / "out") and config.env == {"top_k": 3}
+    config = dataclass_replace(config, env={})
+    for bad in (["--no_such_field", "1"], ["--epochs", "two"], ["--teacher", "oracle"]):
+        with pytest.raises(SystemExit):
+            sft.resolve_config(bad)
     result = sft.run(config, collect_only=True, retriever=retriever, examples=examples)
     assert result["accepted"] == 4
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()

@@ -57,7 +57,6 @@ import yaml
 from envs.atomic import write_jsonl_atomic, write_text_atomic
 from envs.config import EnvConfig
 from envs.types import QAExample
-
 from training.trajectories import (
     TEACHER_EXPAND_MODES,
     acceptance,
@@ -304,10 +303,11 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
 def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tokenizer: Any,
                   callbacks: Sequence[Any] = ()) -> Any:
     """TRL ``SFTTrainer`` over pre-tokenized rows (``input_ids`` + ``labels``; TRL keeps the labels
-    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``)."""
+    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``); the
+    loss is :func:`model_token_nll` (lm_head on labelled positions only)."""
     import torch
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     peft_config = None
     if config.lora:
@@ -327,8 +327,46 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
         seed=config.seed, data_seed=config.seed,
         use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=True, **_checkpointing(config.gradient_checkpointing),
     )
-    return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)), processing_class=tokenizer,
-                      peft_config=peft_config, callbacks=list(callbacks))
+    trainer_class = _model_token_loss_trainer_class()
+    return trainer_class(model=model, args=args, train_dataset=Dataset.from_list(list(rows)), processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=list(callbacks))
+
+
+def model_token_nll(model: Any, input_ids: Any, attention_mask: Any, labels: Any, chunk: int = 1024) -> tuple[Any, Any]:
+    """Summed negative log-likelihood of the labelled tokens, and how many there are.
+
+    input_ids, attention_mask, labels: (B, T); labels are -100 where no loss is taken (prompt,
+    observations, padding). Position t of the model predicts token t+1, as in a causal LM loss.
+    The lm_head runs only on the positions whose next token is labelled
+    (:func:`training.models.sequence_logprobs`), so a 262k vocabulary never yields (B, T, V)
+    logits. Returns (nll_sum () float32, n_tokens () int64).
+    """
+    from training.models import sequence_logprobs
+
+    targets = labels[:, 1:] != -100  # (B, T-1)
+    logp, _ = sequence_logprobs(model, input_ids, attention_mask, chunk=chunk, target_mask=targets.long())
+    return -(logp * targets).sum(), targets.sum()
+
+
+def _model_token_loss_trainer_class():
+    from trl import SFTTrainer
+
+    class ModelTokenLossSFTTrainer(SFTTrainer):
+        """TRL's SFTTrainer with the loss computed by :func:`model_token_nll`: the same token-mean
+        cross-entropy over labelled tokens (over the whole accumulated batch when the Trainer
+        passes ``num_items_in_batch``), without materialising logits for unlabelled positions."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            nll, count = model_token_nll(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"])
+            denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
+            if hasattr(denominator, "to"):
+                denominator = denominator.to(nll.device)
+            loss = nll / denominator
+            if return_outputs:
+                return loss, {"loss": loss}
+            return loss
+
+    return ModelTokenLossSFTTrainer
 
 
 def _checkpointing(enabled: bool) -> dict:
@@ -453,60 +491,40 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
 
 # ================================================================================ PPO entry
 
-# Fields read from the PPO config by warm_start (getattr with these defaults; `sft_*` win over the plain names).
-PPO_FIELDS = {
-    "model": "policy model spec (also `model_name`, `policy_model`)",
-    "lora / lora_r / lora_alpha / lora_dropout / lora_target_modules": "LoRA on the SFT as well",
-    "seed": "collection, split and trainer seed",
-    "output_dir": "the warm start goes into <output_dir>/sft (or `sft_output_dir`)",
-    "retriever / index / corpus": "retriever object or index folder (default: embedded default retriever)",
-    "env": "EnvConfig or dict of overrides",
-    "sft_questions": "default questions to collect on (64)",
-    "sft_epochs / sft_learning_rate / sft_batch_size / sft_max_length": "training size (2 / 1e-5 / 4 / 4096)",
-    "sft_teacher_expand / sft_extra_expand": "scripted teacher mode ('random' / 0)",
-    "sft_dev_eval / sft_dev_limit / sft_eval_max_turn_tokens": "dev EM after each epoch (True / 16 / 256)",
-    "sft_merge_lora": "merge the adapter into the saved model (True)",
+# The quick warm start the PPO trainer runs when it is given no SFT checkpoint: LoRA (merged),
+# random expansions (the protocol is taught, the choice of candidates is left to PPO), no dev
+# evaluation (the PPO trainer evaluates before and after). Sized for the 20-minute CPU default.
+PPO_WARM_START = {
+    "num_questions": 32, "teacher": "scripted", "teacher_expand": "random", "teacher_random_expand": 2,
+    "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "merge_lora": True, "epochs": 2,
+    "learning_rate": 2e-4, "batch_size": 4, "warmup_ratio": 0.1, "max_length": 2048, "dev_eval": False,
+    "eval_before": False,
 }
 
 
-def _sft(cfg: Any, name: str, default: Any) -> Any:
-    """``cfg.sft_<name>`` only (never the PPO's own value of ``name``), else ``default``."""
-    value = getattr(cfg, f"sft_{name}", None)
-    return default if value is None else value
+def warm_start_config(ppo_cfg: Any) -> WarmStartConfig:
+    """The :class:`WarmStartConfig` of a PPO run's automatic warm start.
+
+    From the PPO config: ``model``, ``seed``, ``index``, ``corpus``, the env (``env_config``
+    recipe plus ``env`` overrides, resolved by :func:`training.ppo.load_env_config`), the LoRA
+    target modules, and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
+    :data:`PPO_WARM_START`, ``ppo_cfg.sft`` overrides any field (``--sft.epochs 1``).
+    """
+    from training.ppo import load_env_config
+
+    values = dict(PPO_WARM_START)
+    values.update(model=str(ppo_cfg.model), seed=int(ppo_cfg.seed), index=ppo_cfg.index, corpus=ppo_cfg.corpus,
+                  output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
+                  env=dataclasses.asdict(load_env_config(ppo_cfg)),
+                  lora_target_modules=list(ppo_cfg.lora.target_modules))
+    overrides = dict(getattr(ppo_cfg, "sft", None) or {})
+    return WarmStartConfig.from_dict({**values, **overrides})
 
 
 def warm_start(ppo_cfg: Any, retriever: Any = None, model: Any = None, tokenizer: Any = None) -> str:
-    """A quick scripted-teacher warm start for PPO when no SFT checkpoint is given; returns the model folder.
-
-    Duck-typed over the PPO config (see :data:`PPO_FIELDS`): collect on the embedded default
-    questions with the scripted teacher (random expansions by default, so PPO still has to learn
-    which candidates to open), filter, split 90/10, train briefly, keep the best dev-EM epoch.
-    """
-    def get(name: str, default: Any = None) -> Any:
-        value = getattr(ppo_cfg, f"sft_{name}", None)
-        return value if value is not None else getattr(ppo_cfg, name, default)
-
-    model_spec = get("model") or getattr(ppo_cfg, "model_name", None) or getattr(ppo_cfg, "policy_model", None) \
-        or "gemma3-270m"
-    if not isinstance(model_spec, str):
-        model_spec = str(model_spec)
-    output_dir = getattr(ppo_cfg, "sft_output_dir", None) or str(Path(getattr(ppo_cfg, "output_dir", "runs/ppo")) / "sft")
-    env = getattr(ppo_cfg, "env", None)
-    env = dataclasses.asdict(env) if dataclasses.is_dataclass(env) else dict(env or {})
-    config = WarmStartConfig(
-        model=model_spec, output_dir=output_dir, seed=int(get("seed", 0)), env=env,
-        index=get("index"), corpus=get("corpus"), num_questions=int(_sft(ppo_cfg, "questions", 64)),
-        teacher="scripted", teacher_expand=_sft(ppo_cfg, "teacher_expand", "random"),
-        teacher_extra_expand=int(_sft(ppo_cfg, "extra_expand", 0)),
-        lora=bool(get("lora", False)), lora_r=int(get("lora_r", 16)), lora_alpha=int(get("lora_alpha", 32)),
-        lora_dropout=float(get("lora_dropout", 0.05)), lora_target_modules=get("lora_target_modules", "all-linear"),
-        merge_lora=bool(_sft(ppo_cfg, "merge_lora", True)), epochs=int(_sft(ppo_cfg, "epochs", 2)),
-        learning_rate=float(_sft(ppo_cfg, "learning_rate", 1e-5)), batch_size=int(_sft(ppo_cfg, "batch_size", 4)),
-        max_length=int(_sft(ppo_cfg, "max_length", 4096)), dev_eval=bool(_sft(ppo_cfg, "dev_eval", True)),
-        dev_limit=int(_sft(ppo_cfg, "dev_limit", 16)),
-        eval_max_turn_tokens=int(_sft(ppo_cfg, "eval_max_turn_tokens", 256)),
-    )
-    retriever = retriever if retriever is not None else getattr(ppo_cfg, "retriever", None)
+    """Run the warm start of :func:`warm_start_config` (collect, filter, split, train); returns
+    the Hugging Face folder of the warm-started policy (LoRA merged)."""
+    config = warm_start_config(ppo_cfg)
     if retriever is None:
         retriever = load_retriever(config)
     result = run(config, retriever=retriever, model=model, tokenizer=tokenizer)
@@ -515,40 +533,29 @@ def warm_start(ppo_cfg: Any, retriever: Any = None, model: Any = None, tokenizer
 
 # ================================================================================ CLI
 
-def _parse_value(text: str) -> Any:
-    return yaml.safe_load(text)
+USAGE = """python -m training.sft [--config recipe.yaml] [--key value ...] [--collect-only]
 
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m training.sft", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", help="YAML recipe (configs/sft/default.yaml)")
-    parser.add_argument("--collect-only", action="store_true", help="write the trajectories and stop")
-    parser.add_argument("--trajectories", help="train from this trajectory JSONL instead of collecting")
-    parser.add_argument("--output-dir")
-    parser.add_argument("--model")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override any WarmStartConfig field (YAML value), repeatable")
-    return parser
+Any WarmStartConfig field is a --key (--epochs 1, --lora true, --output_dir runs/sft, --env.top_k 3);
+values are YAML scalars. --collect-only writes the trajectories and stops; --trajectories FILE trains
+from an existing trajectory file."""
 
 
 def resolve_config(argv: list[str] | None = None) -> tuple[WarmStartConfig, argparse.Namespace]:
-    """Defaults < ``--config`` YAML < ``--set`` pairs < the named flags."""
-    args = build_parser().parse_args(argv)
-    overrides: dict[str, Any] = {}
-    for pair in args.set:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects KEY=VALUE, got {pair!r}")
-        overrides[key.strip().replace("-", "_")] = _parse_value(value)
-    for name in ("output_dir", "model", "trajectories"):
-        if getattr(args, name):
-            overrides[name] = getattr(args, name)
+    """Defaults < ``--config`` YAML < ``--key value`` overrides (the PPO trainer's convention,
+    :func:`training.config.load_config`); ``--collect-only`` is the one flag that is not a field."""
+    from training.config import ConfigError, help_text, load_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(USAGE + "\n\n" + help_text(WarmStartConfig))
+        raise SystemExit(0)
+    collect_only = "--collect-only" in argv or "--collect_only" in argv
+    argv = [a for a in argv if a not in ("--collect-only", "--collect_only")]
     try:
-        config = WarmStartConfig.from_yaml(args.config, overrides) if args.config else WarmStartConfig.from_dict(
-            overrides)
-    except (ValueError, TypeError) as err:
-        raise SystemExit(str(err))
-    return config, args
+        config = load_config(WarmStartConfig, argv)
+    except (ConfigError, ValueError, TypeError) as err:
+        raise SystemExit(f"training.sft: {err}")
+    return config, argparse.Namespace(collect_only=collect_only)
 
 
 def main(argv: list[str] | None = None) -> int:
