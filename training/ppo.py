@@ -2,13 +2,15 @@
 
     python -m training.ppo --config configs/ppo/default.yaml            # embedded default, CPU
     accelerate launch training/ppo.py --config configs/ppo/seeds_r1_qwen2.5_7b.yaml --model /models/qwen
+    accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml training/ppo.py --config ...  # ZeRO-2
     python -m training.ppo --config configs/ppo/default.yaml --resume   # continue exactly
 
 Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
 
 1. take the next ``questions_per_update`` questions (each process its own shard) and roll out
-   ``samples_per_question`` episodes each with the CURRENT actor (HF backend over the live
-   weights, LoRA active), token-in/token-out (:mod:`training.rollout`);
+   ``samples_per_question`` episodes each with the CURRENT actor (``rollout_engine``: the HF
+   backend over the live weights, LoRA active, or vLLM with the actor's weights synced in first,
+   :mod:`training.rollout_engine`), token-in/token-out (:mod:`training.rollout`);
 2. pad the episodes into (B, T) tensors; every per-token tensor is (B, T−1) and position ``t``
    is about token ``t+1`` (``model_mask[:, t] = loss_mask[t+1]``);
 3. with no gradients: old log-probs (trainer's own forward, not the sampler's), reference
@@ -42,7 +44,7 @@ if __package__ in (None, ""):  # `accelerate launch training/ppo.py` runs this f
 import torch
 import yaml
 
-from training.config import PPOConfig, load_config, save_resolved, to_dict
+from training.config import ConfigError, PPOConfig, load_config, save_resolved, to_dict
 from training.ppo_core import (
     compute_advantages,
     entropy_sum,
@@ -205,21 +207,103 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     return reduce_mean(accelerator, stats)
 
 
-def sft_view(cfg: PPOConfig):
-    """The flat field names ``training.sft.warm_start`` reads (its ``PPO_FIELDS``)."""
-    from types import SimpleNamespace
+def accelerator_handlers() -> list:
+    """The Accelerator's ``kwargs_handlers``, and the environment it needs, for this launch.
 
-    return SimpleNamespace(model=cfg.model, seed=cfg.seed, output_dir=cfg.output_dir, index=cfg.index,
-                           corpus=cfg.corpus, env=dict(cfg.env), lora=cfg.lora.enabled, lora_r=cfg.lora.r,
-                           lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                           lora_target_modules=list(cfg.lora.target_modules))
+    Launched by torchrun on a machine without CUDA, accelerate would start every rank as a lone
+    single process (distributed type NO). Asking for CPU makes it join the gloo group. Asking for
+    CPU also turns DeepSpeed off, so under DeepSpeed (``ACCELERATE_USE_DEEPSPEED``) the gloo
+    backend is named instead: without it accelerate 1.x reports "process 0 of 1" on every rank
+    while DeepSpeed trains on all of them."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.cuda.is_available():
+        return []
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        from accelerate.utils import InitProcessGroupKwargs
+
+        return [InitProcessGroupKwargs(backend="gloo")]
+    os.environ.setdefault("ACCELERATE_USE_CPU", "1")
+    return []
 
 
-def _cpu_multiprocess_fix() -> None:
-    """Launched by torchrun on a machine without CUDA, accelerate would start every rank as a
-    lone single process (distributed type NO). Asking for CPU makes it join the gloo group."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available():
-        os.environ.setdefault("ACCELERATE_USE_CPU", "1")
+def _check_process_count(accelerator) -> None:
+    """accelerate and torch.distributed must agree on how many processes train together."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() != accelerator.num_processes:
+        raise RuntimeError(f"accelerate sees {accelerator.num_processes} process(es) ({accelerator.distributed_type}) "
+                           f"but torch.distributed has {dist.get_world_size()}: every process would train on "
+                           "the same data; launch with accelerate's config for this machine")
+
+
+# ------------------------------------------------------------------------------ DDP or DeepSpeed
+
+
+def uses_deepspeed(accelerator) -> bool:
+    """Prepared models are DeepSpeed engines (one per model), which accumulate, clip and step themselves."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.DEEPSPEED
+
+
+def configure_deepspeed(accelerator, cfg: PPOConfig, episodes_per_process: int) -> None:
+    """Set the DeepSpeed config's batch and clipping values from the PPO config before ``prepare``
+    (with no dataloader prepared, accelerate cannot fill their "auto"). The trainer cuts its own
+    micro-batches and marks the accumulation boundary itself, so these values are bookkeeping for
+    DeepSpeed, except ``gradient_clipping``, which each engine applies in its ``step()``."""
+    ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+    if ds_config.get("zero_optimization", {}).get("stage", 0) == 3:
+        raise ConfigError("ZeRO-3 is not supported by the PPO trainer: rollouts on the HF backend, the "
+                          "reference log-probs and the checkpoints need whole parameters on every process; "
+                          "use configs/deepspeed/zero2.json (configs/accelerate/deepspeed_zero2.yaml)")
+    rows_per_mini_batch = math.ceil(episodes_per_process / cfg.mini_batches)
+    settings = {"train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+                "gradient_accumulation_steps": math.ceil(rows_per_mini_batch / cfg.micro_batch_size),
+                "gradient_clipping": cfg.max_grad_norm}
+    for key, value in settings.items():
+        if ds_config.get(key, "auto") not in ("auto", value):
+            raise ConfigError(f"the DeepSpeed config sets {key} to {ds_config[key]!r}, the PPO config implies "
+                              f"{value}: set it to \"auto\"")
+        ds_config[key] = value
+
+
+@contextlib.contextmanager
+def accumulating(accelerator, model, last: bool):
+    """Around one micro-batch's forward/backward: gradients are all-reduced only on the ``last``
+    micro-batch of a mini-batch (DDP: ``no_sync`` before it; DeepSpeed: the engine's boundary)."""
+    if uses_deepspeed(accelerator):
+        model.set_gradient_accumulation_boundary(last)
+        yield
+    elif last:
+        yield
+    else:
+        with accelerator.no_sync(model):
+            yield
+
+
+def backward(accelerator, losses: list[tuple[Any, torch.Tensor]]) -> None:
+    """Gradients of the summed losses, one (model, loss) pair per trained model. A DeepSpeed engine
+    runs the backward of its own loss (the actor's and the critic's graphs are disjoint), without
+    dividing it by its accumulation steps: the losses are already means over the whole mini-batch."""
+    if uses_deepspeed(accelerator):
+        for engine, loss in losses:
+            engine.backward(loss, scale_wrt_gas=False)
+    else:
+        accelerator.backward(sum(loss for _, loss in losses))
+
+
+def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: float) -> float:
+    """Clip, step, advance the learning rate and clear the gradients; returns the gradient norm
+    before clipping. A DeepSpeed engine does all but the learning rate in its ``step()``, clipping
+    to its ``gradient_clipping`` (= ``max_grad_norm``, :func:`configure_deepspeed`)."""
+    if uses_deepspeed(accelerator):
+        model.step()
+        norm = model.get_global_grad_norm()
+    else:
+        norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return float(norm)
 
 
 def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None) -> PPOConfig:
@@ -228,7 +312,7 @@ def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None) -> PPOConfig:
         return cfg
     from training import sft
 
-    path = sft.warm_start(sft_view(cfg), retriever=retriever)
+    path = sft.warm_start(cfg, retriever=retriever)
     if path:
         print(f"[ppo] SFT warm start -> {path}", flush=True)
         return dataclasses.replace(cfg, sft_checkpoint=str(path))
@@ -262,10 +346,10 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     from tqdm import tqdm
 
     from envs.vector_env import SearchVectorEnv
-    from inference.backends.hf import HFBackend
     from training.checkpoint import export_hf, load_checkpoint, load_latest, save_checkpoint
     from training.models import build_models, sequence_values
     from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
+    from training.rollout_engine import build_rollout_backend, close_rollout_backend, sync_rollout_weights
 
     # ---------------------------------------------------------------- setup
     if accelerator is None:
@@ -274,8 +358,9 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             os.environ.setdefault("WANDB_DIR", cfg.output_dir)
             print(f"[ppo] W&B: no WANDB_API_KEY, logging offline under {cfg.output_dir}/wandb "
                   "(upload later with `wandb sync`)", flush=True)
-        _cpu_multiprocess_fix()
-        accelerator = Accelerator(log_with="wandb" if cfg.report_to == "wandb" else None)
+        accelerator = Accelerator(log_with="wandb" if cfg.report_to == "wandb" else None,
+                                  kwargs_handlers=accelerator_handlers())
+    _check_process_count(accelerator)
     set_seed(cfg.seed)
     out = Path(cfg.output_dir)
     resume_from = load_latest(out) if cfg.resume else None
@@ -313,7 +398,13 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     opt_critic = torch.optim.AdamW(critic_params, lr=cfg.lr_critic, weight_decay=cfg.weight_decay)
     sched_actor = torch.optim.lr_scheduler.LambdaLR(opt_actor, _lr_lambda(cfg.warmup_updates))
     sched_critic = torch.optim.lr_scheduler.LambdaLR(opt_critic, _lr_lambda(cfg.warmup_updates))
-    actor, critic, opt_actor, opt_critic = accelerator.prepare(models.actor, models.critic, opt_actor, opt_critic)
+    if uses_deepspeed(accelerator):
+        configure_deepspeed(accelerator, cfg, local_questions * cfg.samples_per_question)
+    # One prepare per model: under DeepSpeed each becomes its own engine, with its own optimizer and
+    # clipping (accelerate takes one model per prepare there, and warns that its `backward` follows
+    # the first engine only: the DeepSpeed path calls each engine's backward itself, see `backward`).
+    actor, opt_actor = accelerator.prepare(models.actor, opt_actor)
+    critic, opt_critic = accelerator.prepare(models.critic, opt_critic)
     policy = accelerator.unwrap_model(actor)  # the live weights, shared by the rollout backend
     value_model = accelerator.unwrap_model(critic)
     optimizers = {"actor": opt_actor, "critic": opt_critic}
@@ -326,13 +417,14 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         start_update, data_position = state["update"], state["data_position"]
         accelerator.print(f"[ppo] resumed from {resume_from} (update {start_update}, data position {data_position})")
 
-    backend = HFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
-                        max_context=cfg.max_context_tokens + 1)
+    # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
+    backend = build_rollout_backend(cfg, policy, tokenizer, accelerator)
     if cfg.report_to == "wandb":
         accelerator.init_trackers(cfg.wandb_project, config=to_dict(cfg))
 
     eval_start = None
     if eval_examples:
+        sync_rollout_weights(backend, policy)
         eval_start = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator, prompt_fn)
         accelerator.print(f"[ppo] eval before (update {start_update}): EM {eval_start['em']:.3f} "
                           f"selection precision {eval_start['selection_precision']:.3f} "
@@ -356,6 +448,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                                     temperature=cfg.temperature, top_p=cfg.top_p,
                                     samples_per_question=cfg.samples_per_question,
                                     seed=(cfg.seed * 100_003 + update) * 1_009 + rank)
+        t_sync = sync_rollout_weights(backend, policy)  # vLLM: the actor's current weights; hf: nothing to do
         episodes = collect_rollouts(backend, venv, shard, rollout_cfg, prompt_fn)
         t_rollout = time.perf_counter() - t0
 
@@ -402,25 +495,26 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                 for k, rows in enumerate(micro):
                     mb = select(batch, rows)
                     m = mb["model_mask"]
+                    last = k == len(micro) - 1  # only the last micro-batch all-reduces gradients
                     with contextlib.ExitStack() as stack:
-                        if k < len(micro) - 1:  # only the last micro-batch all-reduces gradients
-                            stack.enter_context(accelerator.no_sync(critic))
-                            if train_actor:
-                                stack.enter_context(accelerator.no_sync(actor))
+                        stack.enter_context(accumulating(accelerator, critic, last))
+                        if train_actor:
+                            stack.enter_context(accumulating(accelerator, actor, last))
                         new_values = sequence_values(critic, mb["input_ids"], mb["attention_mask"])
                         v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, cfg.value_clip)
-                        loss = cfg.vf_coef * v_sum
+                        losses = [(critic, cfg.vf_coef * v_sum)]
                         if train_actor:
                             logp, entropy = actor(mb["input_ids"], mb["attention_mask"], target_mask=m,
                                                   with_entropy=True)
                             p_sum, p_stats = policy_loss(logp, mb["old_logp"], mb["advantages"], m, cfg.clip_low,
                                                          cfg.clip_high, cfg.dual_clip)
                             h_sum = entropy_sum(entropy, m)
-                            loss = loss + p_sum - cfg.entropy_coef * h_sum
+                            actor_loss = p_sum - cfg.entropy_coef * h_sum
                             if cfg.kl_mode == "loss":
-                                loss = loss + cfg.kl_coef * masked_sum(
+                                actor_loss = actor_loss + cfg.kl_coef * masked_sum(
                                     kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator), m)
-                        accelerator.backward(loss * W / n_tokens)
+                            losses.append((actor, actor_loss))
+                        backward(accelerator, [(model, loss * W / n_tokens) for model, loss in losses])
                     count = float(m.sum())
                     sums["tokens"] += count
                     sums["value_loss"] += float(v_sum.detach())
@@ -430,16 +524,11 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                         sums["entropy"] += float(h_sum.detach())
                         sums["clip_frac"] += float(p_stats["clip_frac"]) * count
                         sums["approx_kl"] += float(p_stats["approx_kl"]) * count
-                grad_norms["critic"].append(float(accelerator.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)))
-                opt_critic.step()
-                sched_critic.step()
-                opt_critic.zero_grad(set_to_none=True)
+                grad_norms["critic"].append(optimizer_step(accelerator, critic, opt_critic, sched_critic,
+                                                           cfg.max_grad_norm))
                 if train_actor:
-                    grad_norms["actor"].append(float(accelerator.clip_grad_norm_(actor.parameters(),
-                                                                                 cfg.max_grad_norm)))
-                    opt_actor.step()
-                    sched_actor.step()
-                    opt_actor.zero_grad(set_to_none=True)
+                    grad_norms["actor"].append(optimizer_step(accelerator, actor, opt_actor, sched_actor,
+                                                              cfg.max_grad_norm))
         elapsed = time.perf_counter() - t0
 
         # 6. logging
@@ -462,6 +551,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             "lr_actor": sched_actor.get_last_lr()[0],
             "tokens_per_s": sum(len(e.token_ids) for e in episodes) / max(elapsed, 1e-9),
             "rollout_s": t_rollout,
+            "weight_sync_s": t_sync,
             "update_s": elapsed,
             "critic_only": float(not train_actor),
         })
@@ -496,6 +586,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     # ---------------------------------------------------------------- the end
     eval_end = None
     if eval_examples:
+        sync_rollout_weights(backend, policy)
         eval_end = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator, prompt_fn)
         before = eval_start or {}
         accelerator.print(f"[ppo] eval after (update {cfg.updates}): EM {before.get('em', math.nan):.3f} -> "
@@ -511,6 +602,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         accelerator.print(f"[ppo] exported the policy to {folder} "
                           f"(python -m inference.evaluate --method seeds-r1 --llm hf:{folder} ...)")
     accelerator.wait_for_everyone()
+    close_rollout_backend(backend)  # vLLM: shut down before end_training destroys the process group it shares
     accelerator.end_training()
     return {"update": max(cfg.updates, start_update), "data_position": data_position, "eval_start": eval_start,
             "eval_end": eval_end, "history": history, "models": models}

@@ -123,6 +123,7 @@ class WarmStartConfig:
     gradient_checkpointing: bool = False
     logging_steps: int = 5
     report_to: str = "none"
+    progress: bool = True  # the Trainer's progress bar
     # dev evaluation (greedy SEEDS-R1 rollouts after each epoch; best checkpoint kept)
     dev_eval: bool = True
     dev_limit: int | None = 100
@@ -325,7 +326,7 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
         weight_decay=config.weight_decay, lr_scheduler_type="linear", logging_steps=config.logging_steps,
         save_strategy="no", eval_strategy="no", report_to=config.report_to, max_length=None, bf16=bf16, fp16=False,
         seed=config.seed, data_seed=config.seed,
-        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=True, **_checkpointing(config.gradient_checkpointing),
+        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not config.progress, **_checkpointing(config.gradient_checkpointing),
     )
     trainer_class = _model_token_loss_trainer_class()
     return trainer_class(model=model, args=args, train_dataset=Dataset.from_list(list(rows)), processing_class=tokenizer,
@@ -491,12 +492,12 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
 
 # ================================================================================ PPO entry
 
-# The quick warm start the PPO trainer runs when it is given no SFT checkpoint: LoRA (merged),
+# The quick warm start the PPO trainer runs when it is given no SFT checkpoint: LoRA (merged) when PPO uses LoRA,
 # random expansions (the protocol is taught, the choice of candidates is left to PPO), no dev
 # evaluation (the PPO trainer evaluates before and after). Sized for the 20-minute CPU default.
 PPO_WARM_START = {
     "num_questions": 32, "teacher": "scripted", "teacher_expand": "random", "teacher_random_expand": 2,
-    "lora": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "merge_lora": True, "epochs": 2,
+    "lora_dropout": 0.0, "merge_lora": True, "epochs": 2,
     "learning_rate": 2e-4, "batch_size": 4, "warmup_ratio": 0.1, "max_length": 2048, "dev_eval": False,
     "eval_before": False,
 }
@@ -505,17 +506,19 @@ PPO_WARM_START = {
 def warm_start_config(ppo_cfg: Any) -> WarmStartConfig:
     """The :class:`WarmStartConfig` of a PPO run's automatic warm start.
 
-    From the PPO config: ``model``, ``seed``, ``index``, ``corpus``, the env (``env_config``
+    From the PPO config: ``model``, ``dtype``, ``seed``, ``index``, ``corpus``, the env (``env_config``
     recipe plus ``env`` overrides, resolved by :func:`training.ppo.load_env_config`), the LoRA
-    target modules, and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
+    settings (a LoRA PPO run gets a LoRA warm start, merged; a full one a full fine-tune), and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
     :data:`PPO_WARM_START`, ``ppo_cfg.sft`` overrides any field (``--sft.epochs 1``).
     """
     from training.ppo import load_env_config
 
     values = dict(PPO_WARM_START)
-    values.update(model=str(ppo_cfg.model), seed=int(ppo_cfg.seed), index=ppo_cfg.index, corpus=ppo_cfg.corpus,
+    values.update(model=str(ppo_cfg.model), dtype=str(ppo_cfg.dtype), seed=int(ppo_cfg.seed), index=ppo_cfg.index,
+                  corpus=ppo_cfg.corpus,
                   output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
                   env=dataclasses.asdict(load_env_config(ppo_cfg)),
+                  lora=bool(ppo_cfg.lora.enabled), lora_r=int(ppo_cfg.lora.r), lora_alpha=int(ppo_cfg.lora.alpha),
                   lora_target_modules=list(ppo_cfg.lora.target_modules))
     overrides = dict(getattr(ppo_cfg, "sft", None) or {})
     return WarmStartConfig.from_dict({**values, **overrides})

@@ -26,7 +26,7 @@ that build the engine need an ``if __name__ == "__main__":`` guard (workers are 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
@@ -215,7 +215,7 @@ class VLLMBackend(LLMBackend):
 
     def sync_weights(self, model: Any) -> None:
         """Push a training model's current weights (a transformers model, or a peft model whose
-        adapters are merged for the copy and unmerged afterwards) into the engine."""
+        LoRA adapters are merged into a copy of the weights, see :func:`_hf_state_items`) into the engine."""
         self.load_weights(_hf_state_items(model))
 
     def reset_prefix_cache(self) -> None:
@@ -259,21 +259,71 @@ class WeightSyncExtension:
             self.model_runner.model.load_weights(weights)
 
 
-def _hf_state_items(model: Any) -> list[tuple[str, Any]]:
+def _hf_state_items(model: Any) -> Iterable[tuple[str, Any]]:
     """``(name, tensor)`` in checkpoint naming for a transformers model or a peft-wrapped one.
 
+    Plain LoRA layers are merged out of place (``base + get_delta_weight``), so the model itself is
+    never touched: an in-place merge and unmerge would leave a rounding error in the frozen base
+    weights (the KL reference) at every sync, large in bf16. Other peft tuners and LoRA variants
+    (DoRA, LoRA bias) fall back to ``merge_adapter`` / ``unmerge_adapter``.
     Pass the unwrapped model (``accelerator.unwrap_model(actor)``), not a DDP/DeepSpeed wrapper.
     """
     if not (hasattr(model, "merge_adapter") and hasattr(model, "get_base_model")):
-        return list(model.state_dict().items())
+        return [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+    base = model.get_base_model()
+    deltas = _lora_deltas(base)
+    if deltas is None:
+        return _merged_in_place_items(model)
+    return _merged_items(base, deltas)
+
+
+def _merged_items(base: Any, deltas: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """One merged weight at a time (a full merged copy never sits in accelerator memory)."""
+    import torch
+
+    for name, tensor in base.state_dict().items():
+        if "lora_" in name or ".original_module." in name:
+            continue
+        delta = deltas.get(name)
+        if delta is None:
+            yield _checkpoint_name(name), tensor.detach()
+        else:
+            with torch.no_grad():
+                yield _checkpoint_name(name), (tensor.detach() + delta()).to(tensor.dtype)  # one rounding, like peft
+
+
+def _checkpoint_name(name: str) -> str:
+    return name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+
+
+def _lora_deltas(base: Any) -> dict[str, Any] | None:
+    """``{"<layer>.base_layer.weight": () -> delta}`` for every plain, unmerged, active LoRA layer;
+    ``None`` when some adapter layer cannot be merged by a plain addition."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    deltas = {}
+    for name, module in base.named_modules():
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        if not isinstance(module, LoraLayer):
+            return None
+        if module.merged or module.disable_adapters:
+            continue
+        adapters = [a for a in module.active_adapters if a in module.lora_A or a in module.lora_embedding_A]
+        if any(module.lora_variant.get(a) is not None or module.lora_bias.get(a) for a in adapters):
+            return None
+        if adapters:
+            deltas[f"{name}.base_layer.weight"] = (
+                lambda module=module, adapters=adapters: sum(module.get_delta_weight(a) for a in adapters))
+    return deltas
+
+
+def _merged_in_place_items(model: Any) -> list[tuple[str, Any]]:
     model.merge_adapter()  # peft: fold the adapters into the base weights for the copy
     try:
-        items = []
-        for name, tensor in model.get_base_model().state_dict().items():
-            if "lora_" in name or ".original_module." in name:
-                continue
-            name = name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
-            items.append((name, tensor.detach().clone()))
-        return items
+        return [(_checkpoint_name(name), tensor.detach().clone())
+                for name, tensor in model.get_base_model().state_dict().items()
+                if "lora_" not in name and ".original_module." not in name]
     finally:
         model.unmerge_adapter()
