@@ -86,6 +86,32 @@ def test_one_update_moves_the_actor_not_the_reference(tok, tmp_path, retriever, 
     assert load_latest(tmp_path).name == "update_000001"
 
 
+def test_sampler_old_logprobs_match_recomputed_ones(tok, tmp_path, retriever, examples):
+    """``old_logprobs: sampler`` skips the recomputation: with the HF engine on the trainer's own
+    fp32 weights it trains to the same weights, and the sampler/trainer gap is still measured."""
+    results, calls = {}, {}
+    for mode in ("recompute", "sampler"):
+        torch.manual_seed(0)
+        cfg = tiny_cfg(tmp_path / mode, old_logprobs=mode, mini_batches=1, micro_batch_size=4)
+        models = wrap_models(tiny_llama(tok), tok, cfg)
+        forward = models.actor.forward
+        calls[mode] = 0
+
+        def counting(*args, _forward=forward, _mode=mode, **kwargs):
+            calls[_mode] += 1
+            return _forward(*args, **kwargs)
+
+        models.actor.forward = counting
+        result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+        results[mode] = (trainable(models.actor), result["history"][0])
+    assert calls["sampler"] == calls["recompute"] - 1  # one no-grad pass fewer (a single micro-batch)
+    (w_re, h_re), (w_sa, h_sa) = results["recompute"], results["sampler"]
+    assert all(torch.allclose(w_re[n], w_sa[n], atol=1e-5) for n in w_re)
+    assert 0.0 <= h_sa["sampler_logp_gap"] < 1e-4 and abs(h_sa["reward_mean"] - h_re["reward_mean"]) < 1e-9
+    with pytest.raises(ValueError):
+        tiny_cfg(tmp_path, old_logprobs="vllm")
+
+
 def test_critic_warmup_leaves_the_actor_unchanged(tok, tmp_path, retriever, examples):
     cfg = tiny_cfg(tmp_path, critic_warmup_updates=1)
     models = wrap_models(tiny_llama(tok), tok, cfg)

@@ -115,6 +115,10 @@ class PPOConfig:
     kl_coef: float = 0.001
     kl_mode: str = "reward"  # "reward": −β·KL in the token rewards; "loss": β·KL added to the loss
     kl_estimator: str = "k1"  # k1 | k2 | k3
+    # "recompute": old log-probs from a trainer forward pass after the rollout (verl/OpenRLHF);
+    # "sampler": the rollout's own log-probs (one forward pass fewer; exact when the sampler runs the
+    # trainer's weights in the trainer's precision, as the HF engine does; the gap is still logged)
+    old_logprobs: str = "recompute"
     gamma: float = 1.0
     lam: float = 1.0
     advantage: str = "gae"  # gae | grpo | reinforce
@@ -134,7 +138,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"),
                    "advantage": ("gae", "grpo", "reinforce"), "report_to": ("none", "wandb"),
-                   "rollout_engine": ("hf", "vllm")}
+                   "rollout_engine": ("hf", "vllm"), "old_logprobs": ("recompute", "sampler")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")

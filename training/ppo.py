@@ -13,7 +13,7 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
    :mod:`training.rollout_engine`), token-in/token-out (:mod:`training.rollout`);
 2. pad the episodes into (B, T) tensors; every per-token tensor is (B, T−1) and position ``t``
    is about token ``t+1`` (``model_mask[:, t] = loss_mask[t+1]``);
-3. with no gradients: old log-probs (trainer's own forward, not the sampler's), reference
+3. with no gradients: old log-probs (trainer's own forward, or the sampler's with ``old_logprobs: sampler``), reference
    log-probs (adapter off / frozen copy), values;
 4. token rewards: the episode reward on its last model token, −β·KL on model tokens when
    ``kl_mode == "reward"``; advantages and returns from the chosen estimator (gae/grpo/reinforce);
@@ -458,14 +458,18 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         mask = batch["model_mask"]
         all_rows = torch.arange(B, device=accelerator.device)
 
-        # 3. old log-probs (the trainer's), reference log-probs and values, no gradients
-        old_logp, ref_logp, values = (torch.zeros_like(mask) for _ in range(3))
+        # 3. old log-probs (the trainer's recomputation, or the sampler's), reference log-probs and
+        #    values, no gradients
+        recompute = cfg.old_logprobs == "recompute"
+        old_logp = torch.zeros_like(mask) if recompute else batch["sampler_logp"] * mask
+        ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
         actor.eval()
         critic.eval()
         with torch.no_grad():
             for rows in all_rows.split(cfg.micro_batch_size):
                 mb = select(batch, rows)
-                put(old_logp, rows, actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"])[0])
+                if recompute:
+                    put(old_logp, rows, actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"])[0])
                 put(ref_logp, rows, models.reference_logprobs(mb["input_ids"], mb["attention_mask"], mb["model_mask"]))
                 put(values, rows, sequence_values(critic, mb["input_ids"], mb["attention_mask"]))
         actor.train()
@@ -486,10 +490,11 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0, "approx_kl": 0.0,
                 "value_clip_frac": 0.0, "tokens": 0.0}
         grad_norms = {"actor": [], "critic": []}
+        gap = [0.0, 0.0]  # |sampler - trainer| log-prob sum and token count, before the first actor step
         shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
-        for _epoch in range(cfg.ppo_epochs):
+        for epoch in range(cfg.ppo_epochs):
             order = torch.randperm(B, generator=shuffle).to(accelerator.device)
-            for mini in order.tensor_split(cfg.mini_batches):
+            for mini_index, mini in enumerate(order.tensor_split(cfg.mini_batches)):
                 n_tokens = global_token_count(mask[mini], accelerator)
                 micro = mini.split(cfg.micro_batch_size)
                 for k, rows in enumerate(micro):
@@ -508,6 +513,9 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                                                   with_entropy=True)
                             p_sum, p_stats = policy_loss(logp, mb["old_logp"], mb["advantages"], m, cfg.clip_low,
                                                          cfg.clip_high, cfg.dual_clip)
+                            if epoch == 0 and mini_index == 0:  # the actor has not moved yet: logp = trainer's old
+                                gap[0] += float(masked_sum((mb["sampler_logp"] - logp.detach()).abs(), m))
+                                gap[1] += float(m.sum())
                             h_sum = entropy_sum(entropy, m)
                             actor_loss = p_sum - cfg.entropy_coef * h_sum
                             if cfg.kl_mode == "loss":
@@ -544,7 +552,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             "value_loss": sums["value_loss"] / tokens,
             "value_clip_frac": sums["value_clip_frac"] / tokens,
             "explained_variance": float(explained_variance(values, returns, mask)),
-            "sampler_logp_gap": float(masked_mean((batch["sampler_logp"] - old_logp).abs(), mask)),
+            "sampler_logp_gap": (float(masked_mean((batch["sampler_logp"] - old_logp).abs(), mask)) if recompute
+                                 else gap[0] / gap[1] if gap[1] else math.nan),
             "advantage_mean": float(masked_mean(advantages, mask)),
             "grad_norm_actor": sum(grad_norms["actor"]) / len(grad_norms["actor"]) if grad_norms["actor"] else 0.0,
             "grad_norm_critic": sum(grad_norms["critic"]) / len(grad_norms["critic"]),
