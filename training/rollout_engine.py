@@ -50,6 +50,9 @@ def build_rollout_backend(cfg: Any, policy: Any, tokenizer: Any, accelerator: An
     if cfg.rollout_engine == "hf":
         from inference.backends.hf import HFBackend
 
+        if getattr(cfg, "rollout_merge_lora", False) and policy.is_lora:
+            return MergedLoraHFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
+                                       max_context=cfg.max_context_tokens + 1)
         return HFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
                          max_context=cfg.max_context_tokens + 1)
     if cfg.rollout_engine != "vllm":
@@ -60,6 +63,73 @@ def build_rollout_backend(cfg: Any, policy: Any, tokenizer: Any, accelerator: An
     backend.tokenizer = tokenizer  # rollouts tokenise prompts and observations with the trainer's tokenizer
     accelerator.wait_for_everyone()  # engines start at different speeds; keep the ranks together
     return backend
+
+
+def _merged_lora_backend_class():
+    from inference.backends.hf import HFBackend
+
+    class MergedLoraHFBackend(HFBackend):
+        """The HF engine over a plain copy of a LoRA actor with the adapter merged in.
+
+        A peft forward runs every adapted Linear twice (base + the low-rank path, with dtype casts),
+        which made token-by-token decoding about 2.7x slower than the merged model on a 2-core CPU
+        (Gemma 3 270M, bf16). The copy is built once; :meth:`sync_weights` writes
+        ``base + B·A·scale`` into it (out of place, the actor's own weights untouched) before every
+        rollout phase. Costs one extra copy of the base weights.
+        """
+
+        def __init__(self, lm: Any, tokenizer: Any, **options: Any):
+            super().__init__(merged_copy(lm), tokenizer, **options)
+
+        def sync_weights(self, lm: Any) -> None:
+            copy_merged_weights(lm, self.model)
+
+    return MergedLoraHFBackend
+
+
+def MergedLoraHFBackend(lm: Any, tokenizer: Any, **options: Any) -> LLMBackend:  # noqa: N802 (a class factory)
+    return _merged_lora_backend_class()(lm, tokenizer, **options)
+
+
+def merged_copy(lm: Any) -> Any:
+    """A plain transformers model (no peft layers) holding ``lm``'s weights with LoRA merged."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base = lm.get_base_model()
+    dtype = next(base.parameters()).dtype
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    plain = plain.to_empty(device=next(base.parameters()).device)
+    copy_merged_weights(lm, plain)
+    plain.tie_weights()
+    sources = {name.replace(".base_layer.", "."): buffer for name, buffer in base.named_buffers()}
+    with torch.no_grad():
+        for name, buffer in plain.named_buffers():  # rotary tables, embedding scales (never in state_dict)
+            if name not in sources:
+                raise KeyError(f"rollout copy buffer {name!r} not found in the actor")
+            buffer.copy_(sources[name])
+    return plain.eval().requires_grad_(False)
+
+
+def copy_merged_weights(lm: Any, plain: Any) -> None:
+    """Write ``lm``'s weights (LoRA merged out of place) into the plain model ``plain``; every
+    parameter of ``plain`` must receive a value (tied ones through the weight they share)."""
+    import torch
+
+    from inference.backends.vllm_backend import _hf_state_items
+
+    targets = plain.state_dict(keep_vars=True)
+    written = set()
+    with torch.no_grad():
+        for name, tensor in _hf_state_items(lm):
+            if name not in targets:
+                raise KeyError(f"merged weight {name!r} has no place in the rollout copy")
+            targets[name].copy_(tensor)
+            written.add(id(targets[name]))
+    missing = [n for n, p in plain.named_parameters(remove_duplicate=False) if id(p) not in written]
+    if missing:
+        raise KeyError(f"rollout copy weights not written: {missing[:5]}")
 
 
 def sync_rollout_weights(backend: LLMBackend, policy: Any) -> float:
