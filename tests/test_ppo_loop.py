@@ -190,6 +190,20 @@ def test_exported_folder_loads_with_auto_model(tok, tmp_path, lora):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
 
 
+def test_no_config_means_the_embedded_default_recipe():
+    from training.ppo import DEFAULT_RECIPE, resolve_argv
+
+    assert resolve_argv([]) == ["--config", str(DEFAULT_RECIPE)]
+    assert resolve_argv(["--updates", "1"]) == ["--config", str(DEFAULT_RECIPE), "--updates", "1"]
+    assert resolve_argv(["--config", "x.yaml", "--updates", "1"]) == ["--config", "x.yaml", "--updates", "1"]
+    assert resolve_argv(["--config=x.yaml"]) == ["--config=x.yaml"]
+    assert resolve_argv(["--updates", "2", "--config", "none"]) == ["--updates", "2"]
+    assert resolve_argv(["--config=null", "--seed", "3"]) == ["--seed", "3"]
+    default = load_config(PPOConfig, resolve_argv([]))
+    assert default.model == "gemma3-270m" and default.lora.enabled and default.sft_checkpoint is None
+    assert default.sft_warm_start and default.eval_questions > 0 and default.rollout_engine == "hf"
+
+
 def test_sft_warm_start_hook(tmp_path, monkeypatch):
     from training.ppo import resolve_sft_checkpoint
     from training.sft import warm_start_config

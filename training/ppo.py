@@ -619,8 +619,26 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             "eval_end": eval_end, "history": history, "models": models}
 
 
+DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
+
+
+def resolve_argv(argv: list[str]) -> list[str]:
+    """Without ``--config`` the embedded-default recipe (``configs/ppo/default.yaml``) is used, so
+    ``accelerate launch training/ppo.py`` alone runs the CPU default; ``--config none`` starts from
+    the bare dataclass defaults instead."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        value = arg.partition("=")[2] if arg.startswith("--config=") else (
+            argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
+        if value is not None:
+            if value.lower() in ("none", "null"):
+                return argv[:i] + argv[i + (1 if "=" in arg else 2):]
+            return argv
+    return ["--config", str(DEFAULT_RECIPE), *argv]
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = load_config(PPOConfig, sys.argv[1:] if argv is None else argv)
+    cfg = load_config(PPOConfig, resolve_argv(sys.argv[1:] if argv is None else argv))
     train(cfg)
     return 0
 
