@@ -113,7 +113,9 @@ class ValueHead(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(hidden_size, 1)
-        nn.init.normal_(self.head.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+        # V = 0 everywhere at the start: hidden states of some bases (Gemma's scaled final norm) are
+        # large, and a random head then starts the critic at |V| of several units, far from any return.
+        nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -602,7 +602,10 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         before = eval_start or {}
         accelerator.print(f"[ppo] eval after (update {cfg.updates}): EM {before.get('em', math.nan):.3f} -> "
                           f"{eval_end['em']:.3f}, selection precision "
-                          f"{before.get('selection_precision', math.nan):.3f} -> {eval_end['selection_precision']:.3f}")
+                          f"{before.get('selection_precision', math.nan):.3f} -> {eval_end['selection_precision']:.3f}, "
+                          f"reward {before.get('reward_mean', math.nan):.3f} -> {eval_end['reward_mean']:.3f}, "
+                          f"documents read {before.get('docs_read_per_question', math.nan):.2f} -> "
+                          f"{eval_end['docs_read_per_question']:.2f} per question ({len(eval_examples)} held-out questions)")
         if accelerator.is_main_process:
             from envs.atomic import write_json_atomic
 
