@@ -223,3 +223,25 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
     given = dataclasses.replace(cfg, sft_checkpoint="somewhere")
     assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
     assert resolve_sft_checkpoint(dataclasses.replace(cfg, sft_warm_start=False)).sft_checkpoint is None
+
+
+def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    from training.ppo import log_sample_table
+
+    logged = []
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = columns, data
+
+    tracker = SimpleNamespace(log=lambda values, step: logged.append((values, step)))
+    accelerator = SimpleNamespace(get_tracker=lambda name, unwrap: tracker if (name, unwrap) == ("wandb", True) else None)
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(Table=Table))
+    sample = {"update": 3, "question": "q1", "reward": 0.5, "finish": "answer", "text": "<answer>x</answer>"}
+    log_sample_table(accelerator, [sample], step=3)
+    (values, step), = logged
+    assert step == 3 and values["samples"].columns == ["update", "question", "reward", "finish", "text"]
+    assert values["samples"].data == [[3, "q1", 0.5, "answer", "<answer>x</answer>"]]

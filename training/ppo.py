@@ -321,6 +321,18 @@ def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None) -> PPOConfig:
     return cfg
 
 
+SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
+
+
+def log_sample_table(accelerator, samples: list[dict], step: int) -> None:
+    """The update's sample trajectories as a W&B table (``samples``), next to the scalar metrics."""
+    import wandb
+
+    tracker = accelerator.get_tracker("wandb", unwrap=True)
+    table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[s[c] for c in SAMPLE_COLUMNS] for s in samples])
+    tracker.log({"samples": table}, step=step)
+
+
 def _lr_lambda(warmup: int):
     return lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
@@ -578,13 +590,18 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             out.mkdir(parents=True, exist_ok=True)
             with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(stats) + "\n")
+            samples = []
             with open(out / "samples.jsonl", "a", encoding="utf-8") as handle:
                 for e in episodes[:cfg.log_samples]:
                     completion = tokenizer.decode(e.token_ids[e.prompt_length:], skip_special_tokens=False)
-                    handle.write(json.dumps({"update": update + 1, "question": e.example_id, "reward": e.reward,
-                                             "finish": e.finish_reason, "text": completion}) + "\n")
+                    sample = {"update": update + 1, "question": e.example_id, "reward": e.reward,
+                              "finish": e.finish_reason, "text": completion}
+                    samples.append(sample)
+                    handle.write(json.dumps(sample) + "\n")
                     bar.write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): "
                               f"{completion[-400:]!r}")
+            if cfg.report_to == "wandb" and samples:
+                log_sample_table(accelerator, samples, step=update + 1)
 
         # 7. checkpoint
         done = update + 1
