@@ -24,6 +24,7 @@ class EnvConfig:
     require_expand: bool = True  # preview mode: the action after a snapshot must be an expand
     duplicate_query: str = "penalize"  # a repeated (normalised) query: "penalize" = invalid, "allow"
     distractor_rate: float = 0.0  # rho: chance that each candidate is replaced by a random passage
+    shuffle_candidates: bool = False  # show each snapshot's candidates in a random (per-episode seeded) order
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 

@@ -192,6 +192,7 @@ class SearchEnv(gym.Env):
     def _search(self, episode: Episode, query: str, hits: list[Hit]) -> str:
         cfg = self.config
         hits, distractor = self._inject_distractors(hits)
+        hits, distractor = self._shuffle(hits, distractor)
         record = episode.add_search(query, hits, distractor)
         if cfg.admission == "prefix":
             return self._information(record, range(1, len(hits) + 1))
@@ -224,6 +225,16 @@ class SearchEnv(gym.Env):
         body, cut = self.counter.truncate(body, self._body_budget)
         return body + TRUNCATION_MARK if cut else body
 
+    def _shuffle(self, hits: list[Hit], distractor: list[bool]) -> tuple[list[Hit], list[bool]]:
+        """The candidates in a random order (``shuffle_candidates``; seeded by ``reset(seed=...)``).
+
+        Each hit keeps its retrieval ``rank``, so analyses still see the retriever's order; only
+        the candidate numbers shown to the policy change.
+        """
+        if not self.config.shuffle_candidates or len(hits) < 2:
+            return hits, distractor
+        order = self.np_random.permutation(len(hits))
+        return [hits[i] for i in order], [distractor[i] for i in order]
 
     def _inject_distractors(self, hits: list[Hit]) -> tuple[list[Hit], list[bool]]:
         """Replace each candidate by a random passage with probability ``distractor_rate`` (seeded)."""
