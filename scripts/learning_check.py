@@ -111,15 +111,16 @@ class CheckConfig:
     eval_questions: int = 80
     trainable_layers: int = 2  # LoRA on the top N decoder layers; those below are frozen and cached
     bottom_dtype: str = "bfloat16"  # dtype of the frozen layers ("float32" for exactness)
+    top_dtype: str = "float32"  # "bfloat16": the trained layers run under CPU autocast
     lora_r: int = 16
     lora_alpha: int = 32
-    lr: float = 3e-4
+    lr: float = 1e-3
     lr_warmup: int = 5  # updates of linear learning-rate warm-up (Adam's first steps are full-size)
     value_lr: float = 1e-3
-    updates: int = 40
-    batch_questions: int = 8
+    updates: int = 100
+    batch_questions: int = 4
     samples_per_question: int = 16  # episodes per question per update (one forward pass serves them all)
-    ppo_epochs: int = 2
+    ppo_epochs: int = 4
     clip: float = 0.2
     value_clip: float = 0.2
     entropy_coef: float = 0.05
@@ -130,7 +131,7 @@ class CheckConfig:
     warm_batch_questions: int = 4
     warm_lr: float = 2e-3
     teacher_open_rate: float = 0.5
-    eval_every: int = 10
+    eval_every: int = 20
     out: str = "runs/learning_check"
 
 
@@ -258,6 +259,7 @@ class JudgePolicy:
         self.prompts = JudgePrompts(tokenizer)
         self.answer_ids = self.prompts.answer_ids()
         self.value = ValueHead(self.top.hidden_size)
+        self.autocast = cfg.top_dtype == "bfloat16"
         self._prefix: dict[str, torch.Tensor] = {}
         self._candidate: dict[tuple[str, str], torch.Tensor] = {}
         self.bottom_seconds = 0.0
@@ -311,7 +313,9 @@ class JudgePolicy:
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Yes/no logits (N, 2) and final hidden states (N, H) of all candidates, episode by episode."""
         states = [self.states(ex.question, prev) for ex, prev in zip(examples, previews)]
-        return judge_logits(self.top, states, self.answer_ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            logits, hidden = judge_logits(self.top, states, self.answer_ids)
+        return logits.float(), hidden.float()
 
     def vocab_logits(self, examples, previews) -> torch.Tensor:
         """Next-token logits over the whole vocabulary at each judgement position (N, V)."""
