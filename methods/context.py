@@ -7,6 +7,7 @@ validity). The runner turns the trace and the env's episode summary into one pre
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,9 @@ class QuestionContext:
         self.completion_tokens = 0
         self.finish_reason: str | None = None
         self.final_info: dict | None = None  # the env's info["episode"] once the episode ends
+        self.stats: dict[str, Any] = {}  # method-level facts for analyses (slots, steps, stop reason)
+        self.search_rounds: list[list[int]] = []  # indices into the episode's searches, per retrieval round
+        self._open_round: list[int] | None = None
         self.started = time.perf_counter()
 
     @property
@@ -87,12 +91,21 @@ class QuestionContext:
 
     # -- env actions ---------------------------------------------------------------------------
 
-    async def step(self, action: str) -> StepOutcome:
-        """Send raw action text (as a model wrote it) to the env."""
+    async def step(self, action: str, hits: list[Hit] | None = None) -> StepOutcome:
+        """Send raw action text (as a model wrote it) to the env.
+
+        ``hits``: results already fetched for a search action's query (:meth:`retrieve`).
+        """
         if self.done:
             raise EpisodeOver(f"the episode already ended ({self.finish_reason})")
-        observation, _, terminated, truncated, info = await self._steps.step(self.env, action)
+        observation, _, terminated, truncated, info = await self._steps.step(self.env, action, hits=hits)
         valid = info["action"] != "invalid"
+        if info["action"] == "search":
+            index = self.env.episode.n_searches - 1
+            if self._open_round is not None:
+                self._open_round.append(index)
+            else:
+                self.search_rounds.append([index])
         record = self.env.episode.latest
         outcome = StepOutcome(
             observation=observation, valid=valid, reason=info.get("invalid_reason"),
@@ -108,8 +121,35 @@ class QuestionContext:
                 self.finish_reason = "answered" if terminated else "env_limit"
         return outcome
 
-    async def search(self, query: str) -> StepOutcome:
-        return await self.step(format_search(query))
+    async def search(self, query: str, hits: list[Hit] | None = None) -> StepOutcome:
+        """Search ``query``; with ``hits`` (from :meth:`retrieve`) the env uses them as the results."""
+        return await self.step(format_search(query), hits=hits)
+
+    async def retrieve(self, queries: list[str]) -> list[list[Hit]]:
+        """Top-K hits of every query in ONE retriever call (shared with other questions' steps).
+
+        Nothing is shown to the policy or counted by the env until each query is passed to
+        :meth:`search` with its hits; this only makes the retrieval itself one batched call.
+        """
+        if not queries:
+            return []
+        results = await self._steps.retrieve(list(queries), self.env.config.top_k)
+        self.trace.append({"type": "retrieve", "queries": list(queries), "k": self.env.config.top_k})
+        return results
+
+    @contextmanager
+    def retrieval_round(self):
+        """Searches made inside this block form one retrieval round (e.g. parallel sub-queries)."""
+        if self._open_round is not None:  # nested: the outer round keeps collecting
+            yield
+            return
+        self._open_round = []
+        try:
+            yield
+        finally:
+            if self._open_round:
+                self.search_rounds.append(self._open_round)
+            self._open_round = None
 
     async def expand(self, ids: list[int] | tuple[int, ...]) -> StepOutcome:
         return await self.step(format_expand(list(ids)))

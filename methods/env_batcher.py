@@ -3,6 +3,10 @@
 Each question's coroutine awaits :meth:`EnvStepBatcher.step`; a drain task prepares all queued
 actions, sends every search query of that round to the retriever in ONE call, and completes
 the steps (the same split :class:`envs.vector_env.SearchVectorEnv` uses).
+
+:meth:`EnvStepBatcher.retrieve` queues bare queries (several sub-queries of one question, e.g.
+MAPS's parallel directions) into the same round's call; their hits are then handed to
+:meth:`EnvStepBatcher.step` as ``hits=``, so those search steps need no retrieval of their own.
 """
 from __future__ import annotations
 
@@ -18,54 +22,88 @@ class EnvStepBatcher:
         self.gather_s = gather_s
         self.retrieval_calls = 0
         self._pending: list[tuple[SearchEnv, str, asyncio.Future]] = []
+        self._lookups: list[tuple[list[str], int, asyncio.Future]] = []  # bare retrievals queued
         self._drainer: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def step(self, env: SearchEnv, action: str):
-        """``env.step(action)`` with its retrieval batched with the other questions' steps."""
+    def _loop_future(self) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._pending, self._drainer = loop, [], None
-        future = loop.create_future()
-        self._pending.append((env, action, future))
+            self._loop, self._pending, self._lookups, self._drainer = loop, [], [], None
+        return loop.create_future()
+
+    def _wake(self) -> None:
         if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
+            self._drainer = self._loop.create_task(self._drain())
+
+    async def step(self, env: SearchEnv, action: str, hits: list | None = None):
+        """``env.step(action)`` with its retrieval batched with the other questions' steps.
+
+        ``hits``: results already retrieved for this action's query (from :meth:`retrieve`);
+        the step then makes no retrieval call.
+        """
+        future = self._loop_future()
+        self._pending.append((env, action, future, hits))
+        self._wake()
+        return await future
+
+    async def retrieve(self, queries: list[str], k: int) -> list[list]:
+        """Top-``k`` hits for each of ``queries``, in the same retriever call as this round's steps."""
+        future = self._loop_future()
+        self._lookups.append((list(queries), k, future))
+        self._wake()
         return await future
 
     async def _drain(self) -> None:
-        while self._pending:
+        while self._pending or self._lookups:
             await asyncio.sleep(self.gather_s)  # let every runnable question queue its step
             batch, self._pending = self._pending, []
+            lookups, self._lookups = self._lookups, []
             prepared = []
-            for env, action, future in batch:
+            for env, action, future, _ in batch:
                 try:
                     prepared.append(env.prepare(action))
                 except Exception as err:  # e.g. stepping a finished episode: that caller's error
                     prepared.append(None)
                     future.set_exception(err)
-            hits = self._retrieve(batch, prepared)
-            for i, ((env, _, future), pending) in enumerate(zip(batch, prepared)):
+            hits = self._retrieve(batch, prepared, lookups)
+            for i, ((env, _, future, given), pending) in enumerate(zip(batch, prepared)):
                 if pending is None or future.done():
                     continue
                 try:
-                    future.set_result(env.complete(pending, hits.get(i)))
+                    future.set_result(env.complete(pending, given if given is not None else hits.get(i)))
                 except Exception as err:
                     future.set_exception(err)
 
-    def _retrieve(self, batch, prepared) -> dict[int, list]:
-        """One retriever call per distinct ``top_k`` among this round's searches (normally one)."""
-        by_k: dict[int, list[int]] = defaultdict(list)
-        for i, ((env, _, _), pending) in enumerate(zip(batch, prepared)):
-            if pending is not None and pending.query is not None:
-                by_k[env.config.top_k].append(i)
+    def _retrieve(self, batch, prepared, lookups) -> dict[int, list]:
+        """One retriever call per distinct ``k`` among this round's searches and lookups (normally one)."""
+        by_k: dict[int, list[tuple[str, object]]] = defaultdict(list)  # k -> [(query, step index | lookup)]
+        for i, ((env, _, _, given), pending) in enumerate(zip(batch, prepared)):
+            if pending is not None and pending.query is not None and given is None:
+                by_k[env.config.top_k].append((pending.query, i))
+        for lookup in lookups:
+            queries, k, _ = lookup
+            by_k[k].extend((q, (lookup, j)) for j, q in enumerate(queries))
         hits: dict[int, list] = {}
-        for k, slots in by_k.items():
+        lookup_hits: dict[int, list] = {}  # id(lookup) -> hits per query
+        for k, entries in by_k.items():
             try:
-                results = self.retriever.search([prepared[i].query for i in slots], k)
+                results = self.retriever.search([q for q, _ in entries], k)
             except Exception as err:
-                for i in slots:
-                    batch[i][2].set_exception(err)
+                for _, owner in entries:
+                    future = batch[owner][2] if isinstance(owner, int) else owner[0][2]
+                    if not future.done():
+                        future.set_exception(err)
                 continue
             self.retrieval_calls += 1
-            hits.update(zip(slots, results))
+            for (_, owner), result in zip(entries, results):
+                if isinstance(owner, int):
+                    hits[owner] = result
+                else:
+                    lookup, j = owner
+                    lookup_hits.setdefault(id(lookup), [None] * len(lookup[0]))[j] = result
+        for lookup in lookups:
+            future = lookup[2]
+            if not future.done():
+                future.set_result(lookup_hits.get(id(lookup), [[] for _ in lookup[0]]) if lookup[0] else [])
         return hits

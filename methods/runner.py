@@ -40,6 +40,8 @@ def prediction_record(ctx: QuestionContext) -> dict[str, Any]:
         "negatives_opened": episode["negatives_opened"],
         "reward": episode["reward"]["total"],
         "searches": episode["searches"],
+        "search_rounds": ctx.search_rounds,
+        "method_stats": ctx.stats,
         "llm_calls": ctx.llm_calls,
         "llm_prompt_tokens": ctx.prompt_tokens,
         "llm_completion_tokens": ctx.completion_tokens,
