@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="YAML file of these options (command-line flags override it)")
     parser.add_argument("--method", help="a registered method: " + ", ".join(_methods()))
     parser.add_argument("--method-option", action="append", metavar="KEY=VALUE", help="e.g. k=3 (repeatable)")
+    parser.add_argument("--variant", help="a method's variant or ablation, e.g. seek: parallel_filling, plan, update, "
+                                          "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
+                                          "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
+                                          "no_parallel, no_disentanglement (same as --method-option variant=...)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
     parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
     parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS})")
@@ -154,6 +158,21 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
     return load_predictions(out / "predictions.jsonl")
 
 
+def build_method(args: argparse.Namespace):
+    """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason."""
+    import methods
+
+    options = parse_options(args.method_option, "--method-option")
+    if args.variant:
+        if options.get("variant", args.variant) != args.variant:
+            raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
+        options["variant"] = args.variant
+    try:
+        return methods.get(args.method, **options)
+    except (KeyError, TypeError, ValueError) as err:
+        raise SystemExit(f"--method {args.method}: {err}") from err
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     import methods
     from envs.config import EnvConfig
@@ -161,7 +180,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     from methods.runner import run_questions_sync
     from tqdm import tqdm
 
-    method = methods.get(args.method, **parse_options(args.method_option, "--method-option"))
+    method = build_method(args)
     base_env = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
     config = run_config(args, method, method.env_config(base_env))
     out = Path(args.out)

@@ -160,3 +160,10 @@ def test_wandb_logging_goes_offline_without_a_key(setup, monkeypatch):
     assert calls["init"]["mode"] == "offline" and calls["init"]["project"] == "proj"
     assert calls["init"]["config"]["method"] == "vanilla-rag"
     assert len(calls["log"]["predictions"].rows) == 3 and calls["finished"]
+
+
+def test_variant_flag_is_checked_against_the_method(setup):
+    with pytest.raises(SystemExit, match="no option"):
+        ev.main(argv(setup, "seeds-react", "--variant", "plan"))
+    with pytest.raises(SystemExit, match="contradicts"):
+        ev.main(argv(setup, "seeds-react", "--variant", "plan", "--method-option", "variant=update"))

@@ -1,0 +1,347 @@
+"""SEEK and its ablations driven through the env by a scripted LLM: control flow, admission,
+limits and broken model output (fallbacks recorded, never a crash)."""
+import re
+
+import pytest
+
+import methods
+import methods.seek  # registers "seek"
+from envs.config import EnvConfig
+from envs.types import QAExample
+from inference.backends.base import Completion, GenerationResult
+from methods.runner import run_questions_sync
+from methods.seek import (Seek, Sketch, clean_evidence, parse_gists, parse_numbered_queries, parse_query,
+                          parse_verdict)
+
+from conftest import OverlapRetriever
+from fake_llm import FakeLLM, prompt_text
+
+QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
+GISTS = ["Country named in the question", "Seat of government of that country", "City on the Seine"]
+QUERIES = {GISTS[0]: "France country Europe qqa", GISTS[1]: "capital of France qqb", GISTS[2]: "Seine river city qqc"}
+
+# Phrases that identify each prompt (the fake keys on them).
+SKETCH = "plan what knowledge is needed"
+SUBQUERY = "Topic to research now:"
+PARALLEL = "For every numbered topic of the outline"
+REFINE = "Topic to fill:"
+JUDGE = "Is the information gathered above enough"
+UPDATE = "Should the outline of topics change now?"
+ANSWER = "reply to the question with the answer only"
+SELECT = "Reply with the numbers to open"
+
+
+def focus_of(prompt: str, marker: str) -> str:
+    return re.search(re.escape(marker) + r" (.*)", prompt).group(1).strip()
+
+
+def scripted(judge=("no",), update=("keep",), sketch=None, refine=None, subquery=None, select="2"):
+    """A competent SEEK model; the keyword arguments override single kinds of reply."""
+    judgements, updates = iter(judge), iter(update)
+
+    def respond(prompt: str) -> str:
+        if SELECT in prompt:
+            return select
+        if SKETCH in prompt:
+            return sketch if sketch is not None else "\n".join(f"{i}. {g}" for i, g in enumerate(GISTS, 1))
+        if SUBQUERY in prompt:
+            focus = focus_of(prompt, SUBQUERY)
+            if subquery is not None:
+                return subquery
+            return f"Reasoning: private-thought about {focus}.\nQuery: {QUERIES.get(focus, 'capital of France')}"
+        if PARALLEL in prompt:
+            return "\n".join(f"{i}. {QUERIES[g]}" for i, g in enumerate(GISTS, 1))
+        if REFINE in prompt:
+            return refine if refine is not None else f"Evidence about {focus_of(prompt, REFINE)}: Paris."
+        if JUDGE in prompt:
+            return next(judgements, "no")
+        if UPDATE in prompt:
+            return next(updates, "keep")
+        if ANSWER in prompt:
+            return "Paris"
+        raise AssertionError(f"unexpected prompt: {prompt[:200]}")
+
+    return respond
+
+
+def run(respond, examples=(QUESTION,), llm=None, **options):
+    llm = llm or FakeLLM(respond)
+    retriever = OverlapRetriever()
+    records = run_questions_sync(methods.get("seek", **options), list(examples), llm, retriever, EnvConfig())
+    return records, llm, retriever
+
+
+def tags(record):
+    return [e["tag"] for e in record["trace"] if e["type"] == "llm"]
+
+
+def notes(record):
+    return [e["kind"] for e in record["trace"] if e["type"] == "note"]
+
+
+def prompts_tagged(record, tag):
+    return [prompt_text_of(e) for e in record["trace"] if e["type"] == "llm" and e["tag"] == tag]
+
+
+def prompt_text_of(event):
+    return event["prompt"][0]["content"]
+
+
+# -- the default variant ---------------------------------------------------------------------------
+
+def test_full_fills_one_slot_per_round_in_order_then_answers_from_the_sketch():
+    (record,), llm, retriever = run(scripted())
+    assert record["prediction"] == "Paris" and record["metrics"]["em"] == 1.0
+    assert record["finish_reason"] == "answered"
+    assert tags(record) == ["sketch"] + ["subquery", "refine"] * 3 + ["answer"]
+    assert record["method_stats"] == {"variant": "full", "slots": 3, "slots_filled": 3, "rounds": 3, "stop": "filled",
+                                      "slots_without_evidence": 0, "final_slots": 3}
+    # one retrieval round per slot, each a top-5 search of that round's sub-query
+    assert record["search_rounds"] == [[0], [1], [2]]
+    assert retriever.calls == [[QUERIES[g]] for g in GISTS]
+    assert [s["query"] for s in record["searches"]] == [QUERIES[g] for g in GISTS]
+    assert all(len(s["ids"]) == 5 for s in record["searches"])
+    # round i works on gist i, sees slots < i filled and slots >= i empty
+    for i, prompt in enumerate(prompts_tagged(record, "subquery")):
+        assert focus_of(prompt, SUBQUERY) == GISTS[i]
+        assert prompt.count("[to be filled]") == 3 - i
+        assert all(f"Evidence about {g}: Paris." in prompt for g in GISTS[:i])
+    # sub-queries and reasoning are not kept: a round's query reaches only that round's refine call
+    for i, gist in enumerate(GISTS):
+        holders = [p for p in llm.prompts if QUERIES[gist] in p]
+        assert len(holders) == 1 and REFINE in holders[0] and focus_of(holders[0], REFINE) == gist
+    assert not any("private-thought" in p for p in llm.prompts)
+    (answer_prompt,) = prompts_tagged(record, "answer")
+    assert all(f"Evidence about {g}: Paris." in answer_prompt for g in GISTS)
+    assert "[to be filled]" not in answer_prompt and "Doc 1 (Title:" not in answer_prompt
+    assert "Doc 1 (Title:" in prompts_tagged(record, "refine")[0]
+
+
+def test_round_cap_holds_and_the_partial_sketch_is_answered():
+    (record,), _, retriever = run(scripted(), max_rounds=2)
+    assert record["method_stats"]["rounds"] == 2 and record["method_stats"]["stop"] == "round_cap"
+    assert record["method_stats"]["slots_filled"] == 2 and len(retriever.calls) == 2
+    assert record["finish_reason"] == "answered"
+    assert prompts_tagged(record, "answer")[0].count("[to be filled]") == 1
+    assert Seek(max_rounds=2).env_config(EnvConfig()).max_searches == 2
+
+
+def test_extra_gists_are_dropped_and_noted():
+    sketch = "\n".join(f"{i}. topic number {i}" for i in range(1, 9))
+    (record,), _, _ = run(scripted(sketch=sketch), max_slots=4)
+    assert record["method_stats"]["slots"] == 4 and record["method_stats"]["rounds"] == 4
+    assert "sketch_truncated" in notes(record)
+
+
+def test_questions_are_batched_across_each_round():
+    examples = [QAExample(f"q{i}", f"What is the capital of France? ({i})", ("Paris",)) for i in range(3)]
+    records, _, retriever = run(scripted(), examples=examples)
+    assert [r["id"] for r in records] == ["q0", "q1", "q2"] and all(r["metrics"]["em"] == 1.0 for r in records)
+    assert len(retriever.calls) == 3 and all(len(call) == 3 for call in retriever.calls)
+
+
+# -- variants ----------------------------------------------------------------------------------------
+
+def test_parallel_filling_retrieves_every_sub_query_in_one_call():
+    (record,), llm, retriever = run(scripted(), variant="parallel_filling")
+    assert record["prediction"] == "Paris"
+    assert retriever.calls == [[QUERIES[g] for g in GISTS]]
+    assert record["search_rounds"] == [[0, 1, 2]]
+    assert tags(record) == ["sketch", "subqueries", "refine", "refine", "refine", "answer"]
+    assert 3 in llm.batches  # the refine calls went out together
+    assert [focus_of(p, REFINE) for p in prompts_tagged(record, "refine")] == GISTS
+    assert record["method_stats"]["rounds"] == 1 and record["method_stats"]["slots_filled"] == 3
+    assert all(f"Evidence about {g}: Paris." in prompts_tagged(record, "answer")[0] for g in GISTS)
+
+
+def test_parallel_filling_falls_back_for_missing_sub_queries():
+    def respond(prompt):
+        return "1. capital of France" if PARALLEL in prompt else scripted()(prompt)
+
+    (record,), _, retriever = run(respond, variant="parallel_filling")
+    assert retriever.calls[0][0] == "capital of France"
+    assert retriever.calls[0][1] == f"{GISTS[1]} {QUESTION.question}"
+    assert any(e.get("kind") == "subquery_fallback" and e["slots"] == [2, 3] for e in record["trace"])
+
+
+def test_plan_appends_notes_until_judged_sufficient():
+    (record,), _, retriever = run(scripted(judge=("no", "yes")), variant="plan")
+    assert tags(record) == ["sketch", "subquery", "refine", "judge", "subquery", "refine", "judge", "answer"]
+    assert len(retriever.calls) == 2
+    assert record["method_stats"]["stop"] == "sufficient" and record["method_stats"]["notes"] == 2
+    answer_prompt = prompts_tagged(record, "answer")[0]
+    assert "Notes gathered so far:" in answer_prompt and "[to be filled]" not in answer_prompt
+    assert f"- Evidence about {GISTS[1]}: Paris." in answer_prompt
+    # the second step sees the first note, not the first sub-query
+    second = prompts_tagged(record, "subquery")[1]
+    assert f"Evidence about {GISTS[0]}" in second and QUERIES[GISTS[0]] not in second
+
+
+def test_plan_stops_when_its_steps_are_exhausted():
+    (record,), _, retriever = run(scripted(judge=("no",) * 5), variant="plan")
+    assert len(retriever.calls) == 3 and tags(record).count("judge") == 2  # no judgement after the last step
+    assert record["method_stats"]["stop"] == "plan_done"
+
+
+def test_update_rewrites_gists_and_keeps_evidence_of_surviving_ones():
+    new_outline = f"1. {GISTS[0]}\n2. Currency used there\n3. {GISTS[1]}"
+    (record,), _, _ = run(scripted(update=(new_outline, "keep", "utter nonsense")), variant="update")
+    assert tags(record) == ["sketch"] + ["subquery", "refine", "update"] * 3 + ["answer"]
+    assert [focus_of(p, SUBQUERY) for p in prompts_tagged(record, "subquery")] == [GISTS[0], "Currency used there",
+                                                                                      GISTS[1]]
+    stats = record["method_stats"]
+    assert stats["updates"] == 1 and stats["slots"] == 3 and stats["final_slots"] == 3 and stats["stop"] == "filled"
+    assert "sketch_updated" in notes(record) and notes(record).count("update_unparsed") == 1  # "keep" is no error
+    answer_prompt = prompts_tagged(record, "answer")[0]
+    assert f"Evidence about {GISTS[0]}: Paris." in answer_prompt  # survived the update
+    assert GISTS[2] not in answer_prompt  # removed by the update
+
+
+def test_update_that_keeps_adding_gists_is_bounded_by_the_round_cap():
+    counter = iter(range(100))
+
+    def respond(prompt):
+        if UPDATE in prompt:
+            return "\n".join(f"{i}. new topic {next(counter)}" for i in range(1, 3))
+        return scripted()(prompt)
+
+    (record,), _, retriever = run(respond, variant="update", max_rounds=4)
+    assert len(retriever.calls) == 4 and record["method_stats"]["stop"] == "round_cap"
+    assert tags(record).count("update") == 3  # none after the last allowed round
+    assert record["finish_reason"] == "answered"
+
+
+def test_no_iter_retrieval_fills_every_slot_from_one_question_retrieval():
+    (record,), _, retriever = run(scripted(), variant="no_iter_retrieval")
+    assert retriever.calls == [[QUESTION.question]]
+    assert tags(record) == ["sketch", "refine", "refine", "refine", "answer"]
+    refines = prompts_tagged(record, "refine")
+    assert [focus_of(p, REFINE) for p in refines] == GISTS
+    docs = [p.split("Documents:")[1] for p in refines]
+    assert docs[0] == docs[1] == docs[2] and docs[0].count("Doc ") == 5
+    assert record["method_stats"]["rounds"] == 1 and record["method_stats"]["slots_filled"] == 3
+    assert Seek(variant="no_iter_retrieval").env_config(EnvConfig()).max_searches == 1
+
+
+def test_no_initialization_summarises_until_sufficient_without_a_sketch():
+    (record,), _, retriever = run(scripted(judge=("no", "yes")), variant="no_initialization")
+    assert "sketch" not in tags(record)
+    assert tags(record) == ["subquery", "refine", "judge", "subquery", "refine", "judge", "answer"]
+    assert record["method_stats"]["slots"] == 0 and record["method_stats"]["stop"] == "sufficient"
+    assert record["method_stats"]["notes"] == 2 and len(retriever.calls) == 2
+
+
+def test_no_initialization_round_cap():
+    (record,), _, retriever = run(scripted(judge=("no",) * 9), variant="no_initialization", max_rounds=3)
+    assert len(retriever.calls) == 3 and record["method_stats"]["stop"] == "round_cap"
+    assert tags(record).count("judge") == 2 and record["finish_reason"] == "answered"
+
+
+@pytest.mark.parametrize("variant", ["full", "parallel_filling", "plan", "update", "no_iter_retrieval",
+                                     "no_initialization"])
+def test_preview_admission_opens_only_the_chosen_candidates(variant):
+    (record,), _, _ = run(scripted(), variant=variant, admission="preview")
+    assert record["prediction"] == "Paris"
+    kinds = [e["kind"] for e in record["trace"] if e["type"] == "env"]
+    assert kinds == ["search", "expand"] * record["n_searches"] + ["answer"]
+    assert all(s["expanded"] == [2] for s in record["searches"])
+    assert all(p.count("Doc ") == 1 for p in prompts_tagged(record, "refine"))
+    assert tags(record).count("select") == record["n_searches"]
+
+
+# -- broken model output -----------------------------------------------------------------------------
+
+def test_unparseable_sketch_falls_back_to_the_question():
+    (record,), _, retriever = run(scripted(sketch="I would rather not make a list."))
+    assert "sketch_fallback" in notes(record)
+    assert record["method_stats"]["slots"] == 1 and len(retriever.calls) == 1
+    assert record["prediction"] == "Paris"
+
+
+def test_empty_sub_query_uses_the_gist_and_the_question():
+    (record,), _, retriever = run(scripted(subquery="Reasoning: hmm."))
+    assert notes(record).count("subquery_fallback") == 3
+    assert retriever.calls[0] == [f"{GISTS[0]} {QUESTION.question}"]
+    assert record["prediction"] == "Paris"
+
+
+def test_garbage_fill_leaves_the_structure_and_the_loop_progresses():
+    echo = "Outline of topics, with the evidence found so far:\n1. " + GISTS[0] + "\n   Evidence: [to be filled]"
+    (record,), _, retriever = run(scripted(refine=echo))
+    assert len(retriever.calls) == 3 and record["method_stats"]["slots_filled"] == 3
+    assert record["method_stats"]["slots_without_evidence"] == 3
+    assert notes(record).count("empty_evidence") == 3
+    answer_prompt = prompts_tagged(record, "answer")[0]
+    assert answer_prompt.count("(no evidence found)") == 3 and answer_prompt.count("1. ") == 1
+
+
+@pytest.mark.parametrize("variant", ["full", "plan", "no_initialization", "parallel_filling"])
+def test_nonsense_everywhere_still_gives_a_prediction_record(variant):
+    (record,), _, _ = run(lambda prompt: "", variant=variant)
+    assert record["id"] == "q0" and record["finish_reason"] in {"answered", "empty_answer"}
+    assert record["metrics"]["em"] == 0.0 and record["method_stats"]["variant"] == variant
+
+
+class ErrorLLM(FakeLLM):
+    """Every call comes back with finish_reason "error"."""
+
+    def generate(self, requests):
+        self.prompts += [prompt_text(r) for r in requests]
+        return [GenerationResult([Completion("", [], [], "error", None, "backend down")], []) for _ in requests]
+
+
+def test_llm_errors_fall_back_and_end_with_llm_error():
+    (record,), _, retriever = run(None, llm=ErrorLLM(lambda p: ""))
+    assert record["finish_reason"] == "llm_error" and record["prediction"] is None
+    kinds = notes(record)
+    assert "sketch_fallback" in kinds and "subquery_fallback" in kinds and "empty_evidence" in kinds
+    assert kinds.count("llm_error") == 4  # sketch, sub-query, refine, answer
+    assert retriever.calls == [[QUESTION.question]]
+
+
+# -- options and parsing -----------------------------------------------------------------------------
+
+def test_options_are_validated():
+    with pytest.raises(ValueError, match="variant"):
+        methods.get("seek", variant="sideways")
+    with pytest.raises(ValueError, match="admission"):
+        Seek(admission="topk")
+    with pytest.raises(ValueError):
+        Seek(max_rounds=0)
+    config = Seek(admission="preview", k=3).env_config(EnvConfig())
+    assert (config.admission, config.top_k, config.max_searches, config.max_actions) == ("preview", 3, 10, 21)
+    assert Seek(variant="parallel_filling", max_slots=5).env_config(EnvConfig()).max_searches == 5
+
+
+def test_parse_gists_is_tolerant():
+    assert parse_gists("Here is my plan:\n1. Alpha\n2) Beta\nStep 3: Gamma\n- Delta\n1. alpha") == [
+        "Alpha", "Beta", "Gamma", "Delta"]
+    pager_style = "# Page\n## Who founded it\n<TO BE FILLED>\n## When\n<TO BE FILLED>"
+    assert parse_gists(pager_style) == ["Who founded it", "When"]
+    assert parse_gists("1. **Founder** [to be filled]\n   Evidence: [to be filled]") == ["Founder"]
+    assert parse_gists("**1. Who:** the founder\n**Topic 2:** when") == ["Who: the founder", "when"]
+    assert parse_gists("no list at all") == []
+
+
+def test_parse_query_and_numbered_queries():
+    assert parse_query("Reasoning: need the river.\nQuery: \"Seine river\"\nmore") == "Seine river"
+    assert parse_query("<search>capital of France</search>") == "capital of France"
+    assert parse_query("capital of France") == "capital of France"
+    assert parse_query("Reasoning: only thinking") == ""
+    assert parse_numbered_queries("1. a b\n3. Query: c d") == {1: "a b", 3: "c d"}
+    assert parse_numbered_queries("first query\nsecond query") == {1: "first query", 2: "second query"}
+
+
+def test_clean_evidence_and_verdicts():
+    assert clean_evidence("Evidence: Paris is the capital.", ["Capital"]) == "Paris is the capital."
+    assert clean_evidence("1. Capital\n   Evidence: [to be filled]", ["Capital"]) == ""
+    assert parse_verdict("Yes, enough.") is True and parse_verdict("Not yet") is False
+    assert parse_verdict("No.") is False and parse_verdict("maybe") is None
+
+
+def test_sketch_revision_keeps_evidence_by_gist():
+    sketch = Sketch.from_gists(["A topic", "B topic"])
+    sketch.slots[0].evidence = "found A"
+    revised = sketch.revised(["b topic", "a topic!", "C topic"])
+    assert [s.evidence for s in revised.slots] == [None, "found A", None] and revised.next_empty() == 0
+    assert "1. b topic\n   Evidence: [to be filled]" in revised.render()
