@@ -27,8 +27,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -236,8 +236,9 @@ def render_tables(results: dict[str, dict]) -> str:
              "Reached steps", steps_table(results)]
     if any(r.get("conflict") for r in results.values()):
         split = next(r["conflict"] for r in results.values() if r.get("conflict"))
-        parts += ["", f"Knowledge conflict (vanilla LLM right by {split['split_metric']} >= {split['threshold']}) / "
-                      f"utilisation (wrong)", conflict_table(results)]
+        title = (f"Knowledge conflict (vanilla LLM right by {split['split_metric']} >= {split['threshold']}) / "
+                 "utilisation (wrong)")
+        parts += ["", title, conflict_table(results)]
     skipped = {n: r["skipped"] for n, r in results.items() if r["skipped"] or r.get("unreadable_lines")}
     for name, reasons in skipped.items():
         parts.append(f"{name}: skipped records {reasons}, unreadable lines {results[name].get('unreadable_lines', 0)}")
@@ -248,7 +249,9 @@ def render_tables(results: dict[str, dict]) -> str:
 
 
 def _figure():
-    from matplotlib.figure import Figure  # no pyplot: no global backend state; PNG via Agg
+    from matplotlib.figure import (
+        Figure,  # no pyplot: no global backend state; PNG via Agg
+    )
 
     figure = Figure(figsize=(6, 4), dpi=100)
     return figure, figure.subplots()
@@ -273,6 +276,9 @@ def plot_step_curves(series: dict[str, dict], title: str, ylabel: str, path: Pat
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(title=title, xlabel="step t", ylabel=ylabel)
     return _save(figure, path)
 
@@ -300,13 +306,26 @@ def write_plots(results: dict[str, dict], out_dir: Path) -> list[Path]:
     alignment = {n: r["momentum"].get("heldout_alignment", {}) for n, r in results.items()}
     steps = {f"{n} ({r['steps']['stat']})": r["steps"]["histogram"] for n, r in results.items()}
     return [
-        plot_step_curves(overlap, "Overlap with earlier steps", "|D_t ∩ D_<t| / |D_t|", out_dir / PLOT_FILES[0]),
-        plot_step_curves(alignment, "Search-momentum alignment (held out)", "S_t", out_dir / PLOT_FILES[1]),
+        plot_step_curves(overlap, "Overlap with earlier steps", r"$|D_t \cap D_{<t}| \,/\, |D_t|$",
+                         out_dir / PLOT_FILES[0]),
+        plot_step_curves(alignment, "Search-momentum alignment (held out)", r"$S_t$", out_dir / PLOT_FILES[1]),
         plot_histograms(steps, out_dir / PLOT_FILES[2]),
     ]
 
 
 # ----- command line -----------------------------------------------------------------------------
+
+
+def lazy_embed(embed_for: Callable[[str], Embed], name: str) -> Embed:
+    """An embed callable that builds ``embed_for(name)`` on its first call (no model for a run without text)."""
+    built: list[Embed] = []
+
+    def embed(texts):
+        if not built:
+            built.append(embed_for(name))
+        return built[0](texts)
+
+    return embed
 
 
 def run_names(runs: Sequence[str]) -> list[str]:
@@ -331,7 +350,7 @@ def analyse(runs: Sequence[str], vs: str | None = None, encoder: str | None = No
     for name, run, (config, records, bad) in zip(run_names(runs), runs, loaded):
         enc = encoder_name(config, encoder)
         if enc not in embeds:
-            embeds[enc] = embed_for(enc)
+            embeds[enc] = lazy_embed(embed_for, enc)
         method = str(config.get("method") or "")
         result = analyse_records(records, embeds[enc], method, vs_records, fit_fraction, seed, split_metric,
                                  split_threshold)
@@ -355,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "encoder; 'hash' needs no model)")
     parser.add_argument("--plots", metavar="DIR", help="folder for the plots and analysis.json "
                                                        "(default: <first run>/analysis)")
-    parser.add_argument("--fit-fraction", type=float, default=0.5, help="share of questions that fit the momentum betas")
+    parser.add_argument("--fit-fraction", type=float, default=0.5,
+                        help="share of the questions that fit the momentum betas (the rest are held out)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fit / held-out split")
     parser.add_argument("--split-metric", default="cover_em", choices=("em", "f1", "f1_hotpot", "cover_em", "acc"),
                         help="vanilla-LLM metric deciding right / wrong (default cover_em)")

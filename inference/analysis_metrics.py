@@ -1,15 +1,15 @@
 """Pure per-question analyses of evaluation records (used by :mod:`inference.analysis`).
 
-A record is one line of ``predictions.jsonl`` (``methods.runner.prediction_record``) that passed
-:func:`clean_record`; each search is ``envs.episode.SearchRecord.to_dict``. A *step* (or round)
-is one retrieval round: ``record["search_rounds"]`` groups searches made together (e.g. MAPS's
+A record is one line of ``predictions.jsonl`` (``methods.runner.prediction_record``) that
+:func:`split_records` kept; each search is ``envs.episode.SearchRecord.to_dict``. A *step* (or
+round) is one retrieval round: ``record["search_rounds"]`` groups searches made together (e.g. MAPS's
 parallel sub-queries); runs written before it existed count each search as its own round.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -37,13 +37,20 @@ def record_problem(record) -> str | None:
     searches = record.get("searches")
     if not isinstance(searches, list):
         return "no searches"
-    for search in searches:
-        if not isinstance(search, dict) or any(f not in search for f in SEARCH_FIELDS):
-            return "malformed search"
-        if not isinstance(search["query"], str) or len(search["ranks"]) != len(search["ids"]) \
-                or len(search["answer_bearing"]) != len(search["ids"]):
-            return "malformed search"
+    if not all(_search_ok(s) for s in searches):
+        return "malformed search"
     return None
+
+
+def _search_ok(search) -> bool:
+    """A search dict with a text query and equally long lists of ids, numeric ranks and flags."""
+    if not isinstance(search, dict) or any(f not in search for f in SEARCH_FIELDS):
+        return False
+    ids, ranks, bearing = search["ids"], search["ranks"], search["answer_bearing"]
+    if not isinstance(search["query"], str) or not all(isinstance(x, list) for x in (ids, ranks, bearing)):
+        return False
+    return (len(ranks) == len(ids) == len(bearing) and all(isinstance(i, (str, int)) for i in ids)
+            and all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in ranks))
 
 
 def split_records(records: Iterable) -> tuple[list[dict], dict[str, int]]:
@@ -168,7 +175,9 @@ def subquery_recall(search: dict, k: int = RECALL_K) -> float:
     single-evidence approximation: 1.0 if any of its k best-ranked retrieved passages (by the
     ``ranks`` field, not the shown order, which may be shuffled; injected distractors are not
     retrieved and are left out) is answer-bearing, else 0.0."""
-    distractor = search.get("distractor") or [False] * len(search["ids"])
+    distractor = search.get("distractor")
+    if not isinstance(distractor, list) or len(distractor) != len(search["ids"]):
+        distractor = [False] * len(search["ids"])
     retrieved = [(rank, bearing) for rank, bearing, fake in zip(search["ranks"], search["answer_bearing"], distractor)
                  if not fake]
     top = sorted(retrieved, key=lambda pair: pair[0])[:k]
@@ -213,7 +222,8 @@ def conflict_split(records: Sequence[dict], vs_records: Sequence[dict], metric: 
 
     Questions in only one run, or whose ``metric`` is missing in the vanilla run, are counted and left out.
     """
-    vs_score = {r["id"]: _metric(r, metric) for r in vs_records if isinstance(r, dict) and "id" in r}
+    vs_score = {r["id"]: _metric(r, metric) for r in vs_records
+                if isinstance(r, dict) and isinstance(r.get("id"), (str, int))}
     run_ids = {r["id"] for r in records}
     conflict, utilisation, no_metric = [], [], 0
     for record in records:
@@ -267,8 +277,8 @@ def step_distribution(records: Sequence[dict], method: str) -> dict:
 
 def latency_summary(records: Sequence[dict]) -> dict:
     """Mean, median, 90th percentile (linear interpolation) and max of ``latency_s``."""
-    values = [float(r["latency_s"]) for r in records
-              if isinstance(r.get("latency_s"), (int, float)) and not isinstance(r.get("latency_s"), bool)]
+    values = [float(r["latency_s"]) for r in records if isinstance(r.get("latency_s"), (int, float))
+              and not isinstance(r.get("latency_s"), bool) and math.isfinite(r["latency_s"])]
     if not values:
         return {"n": 0, "n_missing": len(records), "mean": math.nan, "median": math.nan, "p90": math.nan,
                 "max": math.nan}

@@ -23,7 +23,7 @@ points, best kept); S_t is then reported on the held-out part.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -89,7 +89,8 @@ def alignment_scores(trajectory: np.ndarray, betas: Sequence[float]) -> np.ndarr
     return cosine(m, trajectory[2:] - trajectory[0])
 
 
-def pad_trajectories(trajectories: Sequence[np.ndarray], max_step: int = FIT_STEPS[-1]) -> tuple[np.ndarray, np.ndarray]:
+def pad_trajectories(trajectories: Sequence[np.ndarray],
+                     max_step: int = FIT_STEPS[-1]) -> tuple[np.ndarray, np.ndarray]:
     """Stack trajectories, cut to ``e_0..e_{max_step}`` and zero-padded, for batched scoring.
 
     trajectories: each ``(T_i+1, D)`` -> (``E (N, max_step+1, D)``, ``rounds (N,)`` = min(T_i, max_step)).
@@ -166,7 +167,7 @@ def split_ids(ids: Sequence[str], fit_fraction: float, seed: int) -> tuple[list[
     """
     ordered = sorted(ids)
     order = np.random.default_rng(seed).permutation(len(ordered))
-    n_fit = int(round(fit_fraction * len(ordered)))
+    n_fit = round(fit_fraction * len(ordered))
     if len(ordered) >= 2:
         n_fit = min(max(n_fit, 1), len(ordered) - 1)
     fit = [ordered[i] for i in order[:n_fit]]

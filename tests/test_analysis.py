@@ -276,9 +276,30 @@ def test_bad_records_are_skipped_and_counted():
     records = [record("1"), {"question": "no id"}, record("2", question=None), "text",
                record("3", [{"query": "q", "ids": ["a"]}]),  # search without ranks / answer_bearing
                record("4", [search("q", ["a"])])]
+    records += [record("5", [dict(search("q", ["a"]), ids=None)]),  # ids not a list
+                record("6", [dict(search("q", ["a"]), ranks=[None])])]  # rank not a number
     good, skipped = am.split_records(records)
     assert [r["id"] for r in good] == ["1", "4"]
-    assert skipped == {"no id": 1, "no question": 1, "not an object": 1, "malformed search": 1}
+    assert skipped == {"no id": 1, "no question": 1, "not an object": 1, "malformed search": 3}
+
+
+def test_mutated_records_never_crash():
+    rng = np.random.default_rng(0)
+    junk = [None, 3, "x", [], {}, [None], [[1]], True, -1.5]
+    records = []
+    for base in maps_records(10) * 5:
+        mutated = json.loads(json.dumps(base))
+        target = mutated if rng.random() < 0.5 else mutated["searches"][int(rng.integers(5))]
+        key = list(target)[int(rng.integers(len(target)))]
+        if rng.random() < 0.3:
+            del target[key]
+        else:
+            target[key] = junk[int(rng.integers(len(junk)))]
+        records.append(mutated)
+    vanilla = [scored(f"q{k}", 0, 0, k % 2) for k in range(10)]
+    out = analysis.analyse_records(records, HashEncoder(32).encode_queries, "maps", vanilla)
+    assert out["n_analysed"] + sum(out["skipped"].values()) == len(records)
+    json.dumps(analysis.jsonable(out), allow_nan=False)
 
 
 # ----- command line -----------------------------------------------------------------------------
@@ -379,9 +400,13 @@ def test_cli_bad_input_exits_with_a_message(tmp_path):
         analysis.main([str(run), "--encoder", "hash", "--vs", str(tmp_path / "nope")])
 
 
-def test_empty_run_does_not_crash(tmp_path):
+def test_empty_run_does_not_crash_nor_load_an_encoder(tmp_path):
     run = write_run(tmp_path / "run", [])
-    assert analysis.main([str(run), "--encoder", "hash"]) == 0
+
+    def embed_for(name):
+        raise AssertionError("no text to embed: the encoder must not be loaded")
+
+    assert analysis.main([str(run)], embed_for=embed_for) == 0
     report = json.loads((run / "analysis" / "analysis.json").read_text())
     assert report["runs"]["run"]["n_analysed"] == 0
     assert report["runs"]["run"]["diversity"]["mean_similarity"] is None
