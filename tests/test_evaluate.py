@@ -167,3 +167,14 @@ def test_variant_flag_is_checked_against_the_method(setup):
         ev.main(argv(setup, "seeds-react", "--variant", "plan"))
     with pytest.raises(SystemExit, match="contradicts"):
         ev.main(argv(setup, "seeds-react", "--variant", "plan", "--method-option", "variant=update"))
+
+
+def test_variant_flag_runs_the_variant(setup):
+    assert ev.main(argv(setup, "maps", "--variant", "no_parallel", "--method-option", "max_iterations=2")) == 0
+    config = json.loads((setup["out"] / "config.json").read_text())
+    assert config["method_options"]["variant"] == "no_parallel"
+    records = load_predictions(setup["out"] / "predictions.jsonl")
+    assert len(records) == 3
+    for record in records:
+        assert all(len(r) == 1 for r in record["search_rounds"])  # one sub-query per iteration
+        assert record["method_stats"]["variant"] == "no_parallel"
