@@ -54,6 +54,12 @@ class Method(ABC):
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
 
 
+def require_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    """ValueError naming the allowed values when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{option} must be one of {choices}, not {value!r}")
+
+
 def get(name: str, **options: Any) -> Method:
     """Build the registered method ``name`` with ``options`` (its dataclass fields)."""
     import methods  # noqa: F401  (importing the package registers every method)

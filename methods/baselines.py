@@ -18,9 +18,9 @@ from methods.transcript import ChatTranscript, TokenTranscript
 ANSWER_TOKENS = 32
 
 
-async def answer_from(ctx: QuestionContext, prompt: str, tag: str = "answer") -> None:
+async def answer_from(ctx: QuestionContext, prompt: str, tag: str = "answer", max_tokens: int = ANSWER_TOKENS) -> None:
     """One answering call; the first line (or tagged answer) of its output is the answer."""
-    result = await ctx.generate([{"role": "user", "content": prompt}], stop=("\n\n",), max_tokens=ANSWER_TOKENS, tag=tag)
+    result = await ctx.generate([{"role": "user", "content": prompt}], stop=("\n\n",), max_tokens=max_tokens, tag=tag)
     completion = result.completions[0]
     if completion.finish_reason == "error":
         await ctx.give_up("llm_error")

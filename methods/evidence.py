@@ -13,6 +13,7 @@ import re
 
 from envs.config import EnvConfig
 from envs.types import Hit
+from methods.base import require_choice
 from methods.context import QuestionContext
 from methods.prompts import admission as prompts
 
@@ -26,8 +27,7 @@ def admission_env(base: EnvConfig, admission: str, k: int, max_searches: int) ->
     Repeated queries are allowed (parallel or iterative sub-queries may coincide); in preview mode
     every search is followed by one expand, so the action budget is two per search plus the answer.
     """
-    if admission not in ADMISSIONS:
-        raise ValueError(f"admission must be one of {ADMISSIONS}, not {admission!r}")
+    require_choice("admission", admission, ADMISSIONS)
     per_search = 2 if admission == "preview" else 1
     return dataclasses.replace(base, admission=admission, top_k=k, max_expand=k, require_expand=True,
                                max_searches=max_searches, max_actions=per_search * max_searches + 1,

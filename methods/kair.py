@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register
+from methods.base import Method, register, require_choice
+from methods.baselines import answer_from
 from methods.context import QuestionContext
 from methods.evidence import ADMISSIONS, admission_env, gather_evidence
-from methods.parsing import extract_answer
 from methods.prompts import format_docs
 from methods.prompts import kair as prompts
 
@@ -139,12 +139,9 @@ class KAIR(Method):
     answer_tokens: int = 48
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, not {self.variant!r}")
-        if self.index_format not in INDEX_FORMATS:
-            raise ValueError(f"index_format must be one of {INDEX_FORMATS}, not {self.index_format!r}")
-        if self.admission not in ADMISSIONS:
-            raise ValueError(f"admission must be one of {ADMISSIONS}, not {self.admission!r}")
+        require_choice("variant", self.variant, VARIANTS)
+        require_choice("index_format", self.index_format, INDEX_FORMATS)
+        require_choice("admission", self.admission, ADMISSIONS)
         if self.k < 1 or self.max_steps < 1:
             raise ValueError("k and max_steps must be >= 1")
 
@@ -266,15 +263,7 @@ class KAIR(Method):
             prompt = prompts.ANSWER_WITH_INDEX.format(index=index_text, question=ctx.question)
         else:
             prompt = prompts.ANSWER_WITH_DOCS.format(docs=docs_text, question=ctx.question)
-        result = await ctx.generate(chat(prompt), stop=("\n\n",), max_tokens=self.answer_tokens, tag="answer")
-        completion = result.completions[0]
-        if completion.finish_reason == "error":
-            await ctx.give_up("llm_error")
-            return
-        answer, form = extract_answer(completion.text)
-        if form != "tag":
-            ctx.note("answer_form", form=form)
-        await ctx.answer(answer)
+        await answer_from(ctx, prompt, max_tokens=self.answer_tokens)
 
     async def build_index(self, ctx: QuestionContext, docs: list[Hit]) -> str | None:
         """``no_evolving``: one call that builds the index from all documents at the end."""

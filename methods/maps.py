@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 
 from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register
+from methods.base import Method, register, require_choice
+from methods.baselines import answer_from
 from methods.context import QuestionContext
 from methods.evidence import ADMISSIONS, admission_env, gather_evidence, searches_left
-from methods.parsing import extract_answer
 from methods.prompts import format_docs
 from methods.prompts import maps as prompts
 
@@ -184,10 +184,8 @@ class MAPS(Method):
     answer_tokens: int = 48
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, not {self.variant!r}")
-        if self.admission not in ADMISSIONS:
-            raise ValueError(f"admission must be one of {ADMISSIONS}, not {self.admission!r}")
+        require_choice("variant", self.variant, VARIANTS)
+        require_choice("admission", self.admission, ADMISSIONS)
         if self.k < 1 or self.max_iterations < 1 or self.n_directions < 1:
             raise ValueError("k, max_iterations and n_directions must be >= 1")
 
@@ -333,12 +331,4 @@ class MAPS(Method):
     async def final_answer(self, ctx: QuestionContext, memory: Memory) -> None:
         """Answer from the question, the observations and the reasoning state (or the trajectory)."""
         prompt = prompts.ANSWER.format(memory=self.memory_text(ctx, memory), question=ctx.question)
-        completion = (await ctx.generate(chat(prompt), stop=("\n\n",), max_tokens=self.answer_tokens,
-                                         tag="answer")).completions[0]
-        if completion.finish_reason == "error":
-            await ctx.give_up("llm_error")
-            return
-        answer, form = extract_answer(completion.text)
-        if form != "tag":
-            ctx.note("answer_form", form=form)
-        await ctx.answer(answer)
+        await answer_from(ctx, prompt, max_tokens=self.answer_tokens)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register
+from methods.base import Method, register, require_choice
 from methods.context import QuestionContext
 from methods.evidence import ADMISSIONS, admission_env, gather_evidence, searches_left
 from methods.parsing import extract_answer, last_tag
@@ -197,10 +197,8 @@ class Seek(Method):
     answer_tokens: int = 48
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, not {self.variant!r}")
-        if self.admission not in ADMISSIONS:
-            raise ValueError(f"admission must be one of {ADMISSIONS}, not {self.admission!r}")
+        require_choice("variant", self.variant, VARIANTS)
+        require_choice("admission", self.admission, ADMISSIONS)
         for name in ("k", "max_rounds", "max_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
