@@ -47,3 +47,22 @@ def default_retriever(index_type: str = "Flat", encoder: str = "minilm", device:
     build_index(corpus, model, index_dir, index_type=index_type, show_progress=show_progress)
     index = DenseIndex.load(index_dir, corpus=corpus, device=device)
     return Retriever(corpus, model, index, cache_size=cache_size)
+
+
+def open_retriever(spec: str | None, corpus=None, device: str = "auto"):
+    """The one way to open a retriever from a spec string (command lines, configs).
+
+    ``None`` or ``"default"``: :func:`default_retriever`; ``"http://..."`` / ``"https://..."``: a
+    :class:`envs.remote.RemoteRetriever` of that server (``python -m envs.server``); anything else:
+    an index folder, :meth:`Retriever.from_dir` with ``corpus`` (None: the path in its meta.json).
+    """
+    if spec is None or str(spec) == "default":
+        return default_retriever(device=device)
+    if str(spec).startswith(("http://", "https://")):
+        if corpus is not None:
+            raise ValueError(f"a corpus ({corpus}) cannot be given with a retrieval server ({spec}): "
+                             "the server serves its own")
+        from envs.remote import RemoteRetriever
+
+        return RemoteRetriever(str(spec))
+    return Retriever.from_dir(spec, corpus=corpus, device=device)

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="backend options, e.g. max_batch_size=8 or base_url=http://127.0.0.1:8000/v1")
     parser.add_argument("--index", help="index directory from scripts/build_index.py (default: embedded)")
     parser.add_argument("--corpus", help="corpus file, when it moved since the index was built")
+    parser.add_argument("--retriever", metavar="URL", help="a retrieval server (python -m envs.server), e.g. "
+                                                           "http://127.0.0.1:8000, instead of --index")
     parser.add_argument("--env-config", help="YAML env recipe (the method then sets its own mode and limits)")
     parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
@@ -108,7 +110,7 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
         "limit": args.limit,
         "llm": args.llm or DEFAULT_LLM,
         "llm_options": parse_options(args.llm_option, "--llm-option"),
-        "index": args.index or "default",
+        "index": args.retriever or args.index or "default",
         "env": dataclasses.asdict(env_config),
         "seed": args.seed,
         "max_llm_calls": args.max_llm_calls,
@@ -132,13 +134,12 @@ def load_examples(args: argparse.Namespace):
 
 
 def load_retriever(args: argparse.Namespace):
-    if args.index:
-        from envs.retriever import Retriever
+    """``--retriever URL`` (a retrieval server), else ``--index`` (a folder or a URL), else the default."""
+    from envs.defaults import open_retriever
 
-        return Retriever.from_dir(args.index, corpus=args.corpus)
-    from envs.defaults import default_retriever
-
-    return default_retriever()
+    if getattr(args, "retriever", None):
+        return open_retriever(args.retriever)
+    return open_retriever(args.index, corpus=args.corpus)
 
 
 def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:

@@ -117,13 +117,11 @@ def load_questions(cfg: PPOConfig) -> tuple[list, list]:
 
 
 def load_retriever(cfg: PPOConfig):
-    if cfg.index:
-        from envs.retriever import Retriever
+    from envs.defaults import open_retriever
 
-        return Retriever.from_dir(cfg.index, corpus=cfg.corpus)
-    from envs.defaults import default_retriever
-
-    return default_retriever()
+    if cfg.retriever:
+        return open_retriever(cfg.retriever)
+    return open_retriever(cfg.index, corpus=cfg.corpus)
 
 
 @lru_cache(maxsize=4)

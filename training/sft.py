@@ -90,6 +90,7 @@ class WarmStartConfig:
     question_seed: int = 1000  # seed of the generated questions (keep it apart from evaluation's seed 0)
     index: str | None = None  # retriever folder; None: the embedded default retriever
     corpus: str | None = None
+    retriever: str | None = None  # retrieval server URL (python -m envs.server) to use instead of `index`
     env: dict = field(default_factory=dict)  # EnvConfig overrides (defaults = SEEDS-R1 limits)
     # teacher
     teacher: str = "scripted"  # "scripted" or "method"
@@ -412,13 +413,11 @@ def load_examples(config: WarmStartConfig) -> list[QAExample]:
 
 
 def load_retriever(config: WarmStartConfig) -> Any:
-    if config.index:
-        from envs.retriever import Retriever
+    from envs.defaults import open_retriever
 
-        return Retriever.from_dir(config.index, corpus=config.corpus)
-    from envs.defaults import default_retriever
-
-    return default_retriever()
+    if config.retriever:
+        return open_retriever(config.retriever)
+    return open_retriever(config.index, corpus=config.corpus)
 
 
 def collect(config: WarmStartConfig, examples: Sequence[QAExample], retriever: Any, tokenizer: Any = None,
@@ -515,7 +514,7 @@ def warm_start_config(ppo_cfg: Any) -> WarmStartConfig:
 
     values = dict(PPO_WARM_START)
     values.update(model=str(ppo_cfg.model), dtype=str(ppo_cfg.dtype), seed=int(ppo_cfg.seed), index=ppo_cfg.index,
-                  corpus=ppo_cfg.corpus,
+                  corpus=ppo_cfg.corpus, retriever=getattr(ppo_cfg, "retriever", None),
                   output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
                   env=dataclasses.asdict(load_env_config(ppo_cfg)),
                   lora=bool(ppo_cfg.lora.enabled), lora_r=int(ppo_cfg.lora.r), lora_alpha=int(ppo_cfg.lora.alpha),
