@@ -1,48 +1,85 @@
-"""Dense FAISS index over a corpus: a resumable streamed build and a device-aware searcher.
+"""Dense FAISS index over a corpus: a memory-budgeted, resumable streamed build and a
+device-aware searcher with optional exact re-ranking.
 
 An index directory holds:
 
 - ``embeddings.npy``: float32 ``(n, dim)`` passage embeddings, row i = corpus row i, written
-  batch by batch through a numpy memmap so memory does not grow with the corpus. It is kept
-  after the build on purpose: the CUDA path without faiss-gpu searches it directly, and a new
-  index type is built from it without encoding the corpus again. (Cost: for Flat it doubles the
-  disk use; delete it by hand if neither matters to you.)
+  batch by batch with ``pwrite`` (see :mod:`envs.index_embed`), so memory does not grow with
+  the corpus. It is kept after the build on purpose: re-ranking (``rerank``) reads candidate
+  rows from it, the CUDA path without faiss-gpu searches it directly, and a new index type is
+  built from it without encoding the corpus again. (Cost: 4 * n * dim bytes of disk, 64.6 GB
+  for 21M x 768; delete it by hand if none of that matters to you.)
 - ``build_state.json``: rows embedded so far, rewritten atomically after every batch, so an
-  interrupted build resumes from the last completed batch;
+  interrupted build resumes from the last completed batch; ``build_state.shard<i>.json``: the
+  same for shard i when one process per device embeds the corpus (``devices=[...]``);
 - ``index.faiss``: the FAISS index (inner product on L2-normalised vectors, i.e. cosine);
-- ``meta.json``: encoder, dim, corpus path/fingerprint/size, index type, faiss version. It is
-  written last, so its presence marks a complete index.
+- ``meta.json``: encoder, dim, corpus path/fingerprint/size, index type and factory string,
+  faiss version, search settings (``nprobe``, ``rerank``), the memory budget, the build plan
+  (training rows, add chunk, encode batch, estimated index bytes), the peak RSS of the building
+  process (``getrusage`` ``ru_maxrss``: its whole life so far) and, for a sharded build, each
+  encoder process's peak. It is written last, so its presence marks a complete index.
+- ``build.lock``: held while a build runs, so two processes never build into one directory.
 
-Memory: embedding is streamed, but the FAISS index itself lives in RAM while it is built and
-searched; Flat and HNSW keep every vector (n * dim * 4 bytes, 64 GB for 21M x 768), IVF-PQ keeps
-m bytes per vector, so large corpora want ``"ivfpq"`` or GPUs.
+Memory model. Embedding is streamed (a batch at a time). The index is trained on a row-sorted
+sample read from the file, then filled chunk by chunk into arrays reserved at their final size
+(:mod:`envs.index_build`), so the build's peak is about ``baseline + max(training sample
+copies, finished index + one chunk)``. With ``memory_budget`` those sizes come from the budget
+and a type whose index cannot fit is refused before anything is encoded (formulas and
+bytes-per-vector table in :mod:`envs.index_memory`). Searching holds the whole index in RAM:
+Flat/HNSW keep every vector (4 * dim bytes each, 64.6 GB for 21M x 768); IVF-PQ keeps m + 8
+bytes per vector and, with ``rerank=K'``, re-scores K' candidates exactly from the memory-mapped
+``embeddings.npy`` (:func:`envs.rerank.rerank_exact`), which brings back most of the exact
+recall for the RAM of the compressed codes.
 
 ``index_type`` is any FAISS factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ16"`` ...) or
-one of the names ``"flat"``, ``"hnsw"``, ``"ivfpq"``, which :func:`resolve_index_type` turns into a
-factory string sized for the corpus.
+a name (``flat``, ``hnsw``, ``fp16``, ``sq8``, ``ivfflat``, ``ivf-sqfp16``, ``ivf-sq8``,
+``ivfpq``, ``opq-ivfpq``), which :func:`resolve_index_type` sizes for the corpus.
 """
 from __future__ import annotations
 
 import contextlib
-import json
-import math
+import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import faiss
 import numpy as np
 
 from envs.atomic import write_json_atomic
 from envs.encoders import Encoder
+from envs.index_build import fill_index, train_and_fill, train_rows  # noqa: F401  (re-exported)
+from envs.index_embed import (  # noqa: F401  (re-exported)
+    EMBEDDINGS_FILE,
+    STATE_FILE,
+    EmbeddingsFile,
+    auto_devices,
+    encoder_identity,
+    read_json,
+)
+from envs.index_embed import embed_corpus as embed_to_file
+from envs.index_memory import (  # noqa: F401  (re-exported)
+    INDEX_NAMES,
+    MemoryBudgetError,
+    current_rss_bytes,
+    estimate_index_bytes,
+    estimate_index_size,
+    format_bytes,
+    parse_bytes,
+    peak_rss_bytes,
+    plan_build,
+    resolve_index_type,
+)
+from envs.rerank import rerank_exact
 
-EMBEDDINGS_FILE = "embeddings.npy"
-STATE_FILE = "build_state.json"
 INDEX_FILE = "index.faiss"
 META_FILE = "meta.json"
 LOCK_FILE = "build.lock"
 FORMAT_VERSION = 1
+DEFAULT_NPROBE = 32
+
+_train_rows = train_rows  # the old private name
 
 
 class IndexMismatchError(ValueError):
@@ -64,15 +101,6 @@ def write_index_atomic(index: faiss.Index, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def read_json(path: Path) -> dict | None:
-    """The JSON object in ``path``, or None if the file is missing."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
 
 
 @contextlib.contextmanager
@@ -103,160 +131,130 @@ def read_meta(index_dir: str | os.PathLike) -> dict:
     return meta
 
 
-# ----- index types ----------------------------------------------------------------------------
-
-
-def resolve_index_type(index_type: str, n_rows: int, dim: int) -> str:
-    """FAISS factory string for ``index_type``.
-
-    ``"flat"`` -> ``"Flat"``; ``"hnsw"`` -> ``"HNSW32"``; ``"ivfpq"`` -> ``"IVF{nlist},PQ{m}"`` with
-    nlist about 4*sqrt(n) (at most n/39, so k-means has 39 points per list) and m the largest of
-    64, 48, 32, 16, 8, 4, 2, 1 dividing ``dim``; for corpora under 9,984 rows the PQ codes get
-    fewer than 8 bits so that 39 points per centroid remain. Any other string is returned
-    unchanged as a factory string.
-    """
-    name = index_type.strip()
-    lowered = name.lower()
-    if lowered == "flat":
-        return "Flat"
-    if lowered == "hnsw":
-        return "HNSW32"
-    if lowered == "ivfpq":
-        n_rows = max(int(n_rows), 1)
-        nlist = max(1, min(round(4 * math.sqrt(n_rows)), n_rows // 39))
-        m = next(m for m in (64, 48, 32, 16, 8, 4, 2, 1) if dim % m == 0)
-        nbits = max(1, min(8, int(math.log2(max(n_rows // 39, 2)))))
-        return f"IVF{nlist},PQ{m}" + ("" if nbits == 8 else f"x{nbits}")
-    return name
-
-
-def _train_rows(n_rows: int, train_size: int, seed: int = 0) -> np.ndarray:
-    """Sorted, reproducible sample of at most ``train_size`` row numbers."""
-    if n_rows <= train_size:
-        return np.arange(n_rows)
-    return np.sort(np.random.default_rng(seed).choice(n_rows, size=train_size, replace=False))
-
-
 # ----- build ----------------------------------------------------------------------------------
 
 
-def _encoder_state(encoder: Encoder, corpus) -> dict:
-    """What must match for stored embeddings to be reused."""
-    return {
-        "encoder": encoder.name,
-        "encoder_settings": dict(getattr(encoder, "settings", {}) or {}),
-        "dim": int(encoder.dim),
-        "corpus_fingerprint": corpus.fingerprint(),
-        "corpus_size": len(corpus),
-    }
-
-
-def _open_embeddings(path: Path, shape: tuple[int, int], fresh: bool) -> np.memmap:
-    """The embeddings memmap: reopened for writing if it exists with this shape, else created."""
-    if not fresh and path.exists():
-        memmap = np.lib.format.open_memmap(path, mode="r+")
-        if memmap.shape == shape and memmap.dtype == np.float32:
-            return memmap
-        del memmap
-    return np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
-
-
 def embed_corpus(corpus, encoder: Encoder, out_dir: Path, batch_size: int = 256, resume: bool = True,
-                 on_batch: Callable[[int, int], None] | None = None, show_progress: bool = True) -> np.memmap:
-    """Stream passage embeddings into ``out_dir/embeddings.npy``; return the memmap (read-only).
-
-    After each batch the memmap is flushed and ``build_state.json`` records the rows done; with
-    ``resume`` a matching state continues from there. ``on_batch(rows_done, total)`` is called
-    after each checkpoint (progress reporting; tests raise from it to simulate a crash).
-    """
-    from tqdm.auto import tqdm
-
-    n, dim = len(corpus), int(encoder.dim)
-    state_path, emb_path = out_dir / STATE_FILE, out_dir / EMBEDDINGS_FILE
-    wanted = _encoder_state(encoder, corpus)
-    state = read_json(state_path) if resume else None
-    matches = state is not None and {k: state.get(k) for k in wanted} == wanted and emb_path.exists()
-    done = int(state["rows_done"]) if matches else 0
-    memmap = _open_embeddings(emb_path, (n, dim), fresh=not matches)
-    if not matches:
-        write_json_atomic({**wanted, "rows_done": 0}, state_path)
-
-    bar = tqdm(total=n, initial=done, unit="passage", desc="embedding", disable=not show_progress or done >= n)
-    try:
-        for first, passages in corpus.iter_batches(batch_size, start_row=done):
-            vectors = encoder.encode_passages(passages, show_progress=False)
-            if vectors.shape != (len(passages), dim):
-                raise ValueError(f"encoder returned shape {vectors.shape}, expected {(len(passages), dim)}")
-            memmap[first:first + len(passages)] = vectors
-            memmap.flush()
-            done = first + len(passages)
-            write_json_atomic({**wanted, "rows_done": done}, state_path)
-            bar.update(len(passages))
-            if on_batch is not None:
-                on_batch(done, n)
-    finally:
-        bar.close()
-        del memmap
-    if done != n:
-        raise RuntimeError(f"embedded {done} of {n} rows; the corpus ended early")
-    return np.load(emb_path, mmap_mode="r")
+                 on_batch: Callable[[int, int], None] | None = None, show_progress: bool = True,
+                 devices: Sequence[str] | None = None, encoder_options: dict | None = None) -> np.memmap:
+    """Stream passage embeddings into ``out_dir/embeddings.npy`` (resumable; one process per
+    device with two or more ``devices``); return the file as a read-only memmap. See
+    :func:`envs.index_embed.embed_corpus`."""
+    result = embed_to_file(corpus, encoder, out_dir, batch_size, resume, on_batch, show_progress,
+                           devices=devices, encoder_options=encoder_options)
+    return np.load(result.path, mmap_mode="r")
 
 
-def train_and_fill(embeddings: np.ndarray, factory: str, train_size: int = 100_000,
-                   add_chunk: int = 65_536) -> tuple[faiss.Index, int]:
-    """A new inner-product index from ``factory``, trained (when the type needs it) on a
-    reproducible sample of at most ``train_size`` rows, then filled from ``embeddings`` in
-    chunks. Returns ``(index, rows used for training)``."""
-    n, dim = embeddings.shape
-    index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    trained_on = 0
-    if not index.is_trained:
-        sample = np.ascontiguousarray(embeddings[_train_rows(n, train_size)], dtype=np.float32)
-        index.train(sample)
-        trained_on = len(sample)
-    for start in range(0, n, add_chunk):
-        index.add(np.ascontiguousarray(embeddings[start:start + add_chunk], dtype=np.float32))
-    return index, trained_on
+def _search_settings(rerank: int | None, nprobe: int | None) -> dict:
+    settings = {}
+    if rerank is not None:
+        if int(rerank) < 0:
+            raise ValueError(f"rerank must be >= 0 (0: off), not {rerank}")
+        settings["rerank"] = int(rerank)
+    if nprobe is not None:
+        if int(nprobe) < 1:
+            raise ValueError(f"nprobe must be >= 1, not {nprobe}")
+        settings["nprobe"] = int(nprobe)
+    return settings
 
 
 def build_index(corpus, encoder: Encoder, out_dir: str | os.PathLike, index_type: str = "Flat",
                 batch_size: int = 256, resume: bool = True, train_size: int = 100_000,
-                on_batch: Callable[[int, int], None] | None = None, show_progress: bool = True) -> Path:
+                on_batch: Callable[[int, int], None] | None = None, show_progress: bool = True, *,
+                memory_budget: int | str | None = None, devices: Sequence[str] | None = None,
+                rerank: int | None = None, nprobe: int | None = None, add_chunk: int = 65_536,
+                encoder_options: dict | None = None) -> Path:
     """Embed ``corpus`` with ``encoder`` and build a FAISS index in ``out_dir``; return ``out_dir``.
 
     With ``resume`` (the default) a complete index with the same corpus, encoder and type is
-    reused as is, stored embeddings are reused for a new index type, and an interrupted
-    embedding pass continues from its last batch. ``resume=False`` starts from scratch.
+    reused as is (only ``rerank``/``nprobe`` are updated when given), stored embeddings are
+    reused for a new index type, and an interrupted embedding pass continues from its last
+    batch. ``resume=False`` starts from scratch.
+
+    ``memory_budget`` (bytes or ``"8GB"``/``"512MiB"``): peak RAM to stay within; the training
+    sample (at most ``train_size``), the add chunk (at most ``add_chunk``) and the encode batch
+    (at most ``batch_size``) are derived from it, and :class:`MemoryBudgetError` is raised
+    before encoding when the index cannot fit (:func:`envs.index_memory.plan_build`).
+    ``devices``: e.g. ``["cuda:0", "cuda:1"]``: one encoder process per device over contiguous
+    shards (``["cpu", "cpu"]`` works too); None: every GPU when the encoder runs on CUDA, several
+    exist and the corpus has at least 100,000 rows, else this process. ``encoder_options``: extra
+    ``load_encoder`` keywords for those processes (e.g. ``trust_remote_code``).
+    ``rerank`` (K' candidates re-ranked exactly, 0 off) and ``nprobe`` are stored in meta.json
+    as the defaults of :meth:`DenseIndex.load`.
     """
     if len(corpus) == 0:
         raise ValueError(f"corpus {corpus.path} is empty; nothing to index")
+    budget = parse_bytes(memory_budget)
+    search_settings = _search_settings(rerank, nprobe)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with build_lock(out_dir):
-        factory = resolve_index_type(index_type, len(corpus), encoder.dim)
-        identity = {**_encoder_state(encoder, corpus), "factory": factory}
+        n_rows, dim = len(corpus), int(encoder.dim)
+        factory = resolve_index_type(index_type, n_rows, dim)
+        identity = {**encoder_identity(encoder, corpus), "factory": factory}
         meta = read_json(out_dir / META_FILE)
         if resume and meta and (out_dir / INDEX_FILE).exists() and all(meta.get(k) == v for k, v in identity.items()):
+            if any(meta.get(k) != v for k, v in search_settings.items()):
+                write_json_atomic({**meta, **search_settings}, out_dir / META_FILE)
             return out_dir
+
+        if devices is None:
+            devices = auto_devices(encoder, n_rows)
+        devices = list(devices) if devices else None
+        processes = len(devices) if devices and len(devices) > 1 else 1
+        try:  # refuse before anything is encoded
+            plan = plan_build(factory, n_rows, dim, budget, train_size=train_size, batch_size=batch_size,
+                              add_chunk=add_chunk, processes=processes)
+        except MemoryBudgetError as err:
+            raise MemoryBudgetError(f"{err}. Nothing was encoded.") from None
         with contextlib.suppress(FileNotFoundError):
             (out_dir / META_FILE).unlink()  # the directory is incomplete until meta.json returns
 
-        embeddings = embed_corpus(corpus, encoder, out_dir, batch_size, resume, on_batch, show_progress)
-        embedded = time.perf_counter()
-        index, trained_on = train_and_fill(embeddings, factory, train_size)
+        embedded = embed_to_file(corpus, encoder, out_dir, plan.encode_batch, resume, on_batch, show_progress,
+                                 devices=devices, encoder_options=encoder_options)
+        embedded_at = time.perf_counter()
+        if budget is not None:  # the encoder may have grown (caches, CUDA context): plan again from now
+            encode_plan = plan
+            try:
+                plan = plan_build(factory, n_rows, dim, budget, train_size=train_size, batch_size=batch_size,
+                                  add_chunk=add_chunk)
+            except MemoryBudgetError as err:
+                raise MemoryBudgetError(
+                    f"after encoding, this process holds {format_bytes(current_rss_bytes())} (it held "
+                    f"{format_bytes(encode_plan.baseline_rss_bytes)} before: the encoder's memory). {err}. The "
+                    f"embeddings are stored in {out_dir / EMBEDDINGS_FILE}: run the build again (a fresh process "
+                    "reuses them without encoding) with a larger budget or another type"
+                ) from None
+            plan = dataclasses.replace(plan, encode_batch=encode_plan.encode_batch, encode_bytes=encode_plan.encode_bytes)
+        with EmbeddingsFile(out_dir / EMBEDDINGS_FILE) as source:
+            index, trained_on = train_and_fill(source, factory, plan.train_rows, plan.add_chunk, show_progress)
         write_index_atomic(index, out_dir / INDEX_FILE)
+        ntotal = int(index.ntotal)
+        del index
         write_json_atomic({
             **identity,
             "format_version": FORMAT_VERSION,
             "index_type": index_type,
             "corpus_path": str(Path(corpus.path).resolve()),
-            "ntotal": int(index.ntotal),
+            "ntotal": ntotal,
             "trained_on_rows": trained_on,
+            "rerank": search_settings.get("rerank", 0),
+            "nprobe": search_settings.get("nprobe"),
             "faiss_version": faiss.__version__,
             "embeddings_file": EMBEDDINGS_FILE,
             "index_file": INDEX_FILE,
-            "index_seconds": round(time.perf_counter() - embedded, 3),
+            "memory_budget": None if memory_budget is None else str(memory_budget),
+            "memory_budget_bytes": budget,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "estimated_index_bytes": plan.index_bytes,
+            "bytes_per_vector": plan.bytes_per_vector,
+            "build_plan": plan.as_dict(),
+            "rss_before_encoding_bytes": None if budget is None else encode_plan.baseline_rss_bytes,
+            "embedded_rows_this_run": embedded.rows_embedded,
+            "encode_devices": embedded.devices,
+            "encode_workers": embedded.workers,
+            "index_seconds": round(time.perf_counter() - embedded_at, 3),
             "build_seconds": round(time.perf_counter() - started, 3),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }, out_dir / META_FILE)
@@ -322,10 +320,11 @@ def _torch_cuda() -> bool:
 class DenseIndex:
     """A loaded index directory. ``search(q, k) -> (scores, rows)``; ``backend`` says where it runs:
     ``"faiss-gpu"`` (sharded fp16 on all GPUs), ``"torch-cuda"`` (exact fp16 matmul, Flat only,
-    when faiss has no GPU support) or ``"faiss-cpu"``."""
+    when faiss has no GPU support) or ``"faiss-cpu"``. With ``rerank`` K' > k the index is asked
+    for K' candidates, which are re-scored exactly from the memory-mapped ``embeddings.npy``."""
 
     def __init__(self, index_dir: Path, meta: dict, backend: str, searcher, ef_search: int = 64,
-                 nprobe: int | None = None):
+                 nprobe: int | None = None, rerank: int = 0, embeddings: np.ndarray | None = None):
         self.index_dir = index_dir
         self.meta = meta
         self.backend = backend
@@ -334,16 +333,23 @@ class DenseIndex:
         self.ntotal = int(meta["ntotal"])
         self.ef_search = ef_search  # HNSW only
         self.nprobe = nprobe  # IVF only
+        self.rerank = int(rerank or 0)
+        self._embeddings = embeddings
+        if self.rerank and embeddings is None:
+            raise ValueError("rerank needs the embeddings")
 
     @classmethod
     def load(cls, index_dir: str | os.PathLike, corpus=None, device: str = "auto",
-             nprobe: int = 32, ef_search: int = 64) -> "DenseIndex":
+             nprobe: int | None = None, ef_search: int = 64, rerank: int | None = None) -> "DenseIndex":
         """Open ``index_dir``; with ``corpus``, refuse (IndexMismatchError) unless it is the corpus
         the index was built from.
 
         ``device``: ``"auto"`` (faiss-gpu if it sees GPUs, else torch on CUDA for Flat, else CPU),
         ``"cuda"`` (the same but an error without a GPU path) or ``"cpu"``. ``nprobe`` (IVF lists
-        visited) and ``ef_search`` (HNSW beam, raised to k when smaller) trade speed for recall.
+        visited; default: meta.json's, else 32) and ``ef_search`` (HNSW beam, raised to the number
+        of candidates when smaller) trade speed for recall. ``rerank``: K' candidates to re-rank
+        exactly when K' > k (default: meta.json's ``rerank``; 0 turns it off); it memory-maps
+        ``embeddings.npy``, so only the touched rows are read.
         """
         index_dir = Path(index_dir)
         meta = read_meta(index_dir)
@@ -351,10 +357,23 @@ class DenseIndex:
             check_corpus(meta, corpus, index_dir)
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
+        nprobe = int(nprobe if nprobe is not None else meta.get("nprobe") or DEFAULT_NPROBE)
+        rerank = int(rerank if rerank is not None else meta.get("rerank") or 0)
+        if rerank < 0:
+            raise ValueError(f"rerank must be >= 0 (0: off), not {rerank}")
+        embeddings_path = index_dir / meta.get("embeddings_file", EMBEDDINGS_FILE)
+        embeddings = None
+        if rerank:
+            if not embeddings_path.exists():
+                raise FileNotFoundError(
+                    f"re-ranking (rerank={rerank}) reads {embeddings_path}, which is missing; "
+                    "restore it (rebuild the index) or load with rerank=0"
+                )
+            embeddings = np.load(embeddings_path, mmap_mode="r")
 
         if device != "cpu" and _faiss_gpus() == 0 and _torch_cuda() and meta["factory"] == "Flat":
-            embeddings = np.load(index_dir / meta.get("embeddings_file", EMBEDDINGS_FILE), mmap_mode="r")
-            return cls(index_dir, meta, "torch-cuda", _TorchFlatSearcher(embeddings))
+            flat = embeddings if embeddings is not None else np.load(embeddings_path, mmap_mode="r")
+            return cls(index_dir, meta, "torch-cuda", _TorchFlatSearcher(flat), rerank=rerank, embeddings=embeddings)
 
         index = faiss.read_index(str(index_dir / meta.get("index_file", INDEX_FILE)))
         ivf = faiss.try_extract_index_ivf(index)
@@ -378,12 +397,14 @@ class DenseIndex:
                 f"device='cuda' but faiss sees no GPU and the torch path needs a Flat index "
                 f"(this one is {meta['factory']!r})"
             )
-        return cls(index_dir, meta, backend, index, ef_search, None if ivf is None else min(nprobe, ivf.nlist))
+        return cls(index_dir, meta, backend, index, ef_search, None if ivf is None else min(nprobe, ivf.nlist),
+                   rerank=rerank, embeddings=embeddings)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` by inner product: ``(scores (n, k) float32, rows (n, k) int64)``, best first.
 
-        When fewer than ``k`` rows exist, rows are padded with -1 and scores with -inf.
+        When fewer than ``k`` rows exist, rows are padded with -1 and scores with -inf. With
+        ``rerank`` > k, the scores are exact inner products of the re-ranked candidates.
         """
         if k < 1:
             raise ValueError("k must be at least 1")
@@ -392,19 +413,24 @@ class DenseIndex:
             raise ValueError(f"queries must have shape (n, {self.dim}), got {queries.shape}")
         if len(queries) == 0:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+        fetch = max(k, self.rerank)
         if self.backend == "torch-cuda":
-            scores, rows = self._searcher.search(queries, k)
+            scores, rows = self._searcher.search(queries, fetch)
         else:
             if isinstance(self._searcher, faiss.IndexHNSW):
-                self._searcher.hnsw.efSearch = max(self.ef_search, k)
-            scores, rows = self._searcher.search(queries, k)
+                self._searcher.hnsw.efSearch = max(self.ef_search, fetch)
+            scores, rows = self._searcher.search(queries, fetch)
+        if fetch > k:
+            scores, rows = rerank_exact(self._embeddings, queries, np.asarray(rows, np.int64), k)
         return _pad(np.asarray(scores, np.float32), np.asarray(rows, np.int64), k)
 
     def __len__(self) -> int:
         return self.ntotal
 
     def __repr__(self) -> str:
-        return f"DenseIndex({str(self.index_dir)!r}, type={self.meta['factory']!r}, rows={self.ntotal}, backend={self.backend!r})"
+        extra = f", rerank={self.rerank}" if self.rerank else ""
+        return (f"DenseIndex({str(self.index_dir)!r}, type={self.meta['factory']!r}, rows={self.ntotal}, "
+                f"backend={self.backend!r}{extra})")
 
 
 def _pad(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

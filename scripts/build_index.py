@@ -1,12 +1,18 @@
 """Build a dense FAISS index for a corpus.
 
     python scripts/build_index.py --corpus default --encoder minilm --index-type Flat --out DIR
-    python scripts/build_index.py --corpus wiki18_100w.jsonl --encoder e5 --index-type ivfpq \
-        --out indexes/wiki18_e5_ivfpq --batch-size 1024 --device cuda
+    python scripts/build_index.py --corpus wiki18_100w.jsonl --encoder e5 --index-type opq-ivfpq \\
+        --rerank 100 --memory-budget 8GB --devices all --batch-size 1024 --out indexes/wiki18_e5_opq
 
 Interrupted builds resume from the last completed batch when run again with the same
-arguments (``--no-resume`` starts over). ``--index-type`` takes any FAISS factory string or
-flat / hnsw / ivfpq. See envs/index.py for the directory layout.
+arguments (``--no-resume`` starts over); with ``--devices`` each device's shard resumes on its
+own. ``--index-type`` takes any FAISS factory string or a name sized for the corpus: flat, hnsw,
+fp16 (SQfp16), sq8, ivfflat, ivf-sqfp16, ivf-sq8, ivfpq, opq-ivfpq. ``--memory-budget`` caps the
+build's peak RAM: the training sample, add chunk and encode batch are derived from it, and a
+type whose index cannot fit is refused before anything is encoded, with the estimate and the
+types that would fit (21M x 768 E5 vectors: Flat 64.6 GB, SQ8 16.1 GB, IVF-PQ64 1.6 GB).
+``--rerank K`` stores the default number of candidates that searches re-rank exactly from the
+on-disk embeddings. See envs/index.py (directory layout) and envs/index_memory.py (formulas).
 """
 from __future__ import annotations
 
@@ -19,24 +25,55 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from envs.corpus import load_corpus  # noqa: E402
-from envs.encoders import DTYPES, load_encoder  # noqa: E402
-from envs.index import META_FILE, build_index  # noqa: E402
+from envs.encoders import DTYPES, load_encoder, resolve_dtype  # noqa: E402
+from envs.index import META_FILE, MemoryBudgetError, build_index  # noqa: E402
+from envs.index_memory import INDEX_NAMES, format_bytes, parse_bytes  # noqa: E402
+
+
+def parse_devices(text: str | None) -> list[str] | None:
+    """``"cuda:0,cuda:1"`` -> that list; ``"all"`` -> every visible CUDA device; None -> None."""
+    if text is None:
+        return None
+    if text.strip().lower() == "all":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise SystemExit("--devices all: torch sees no CUDA device")
+        return [f"cuda:{i}" for i in range(count)]
+    devices = [d.strip() for d in text.split(",") if d.strip()]
+    if not devices:
+        raise SystemExit(f"--devices {text!r}: no device named")
+    return devices
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="index type names:\n" + "\n".join(f"  {k:11s} {v}" for k, v in INDEX_NAMES.items()))
     parser.add_argument("--corpus", required=True, help="corpus file, or 'default' for the embedded Wikipedia summaries")
     parser.add_argument("--corpus-format", default="auto", help="auto | flashrag | jsonl | tsv")
     parser.add_argument("--encoder", default="minilm",
                         help="minilm | e5[:model] | bge[:model] | qwen3[:model] | hash[:dim] | sentence-transformers folder")
-    parser.add_argument("--index-type", default="Flat", help="FAISS factory string, or flat | hnsw | ivfpq")
+    parser.add_argument("--index-type", default="Flat",
+                        help="FAISS factory string (e.g. 'OPQ64,IVF65536,PQ64'), or a name listed below")
     parser.add_argument("--out", required=True, help="index directory (created if missing)")
-    parser.add_argument("--batch-size", type=int, default=256, help="passages per encode call and checkpoint")
+    parser.add_argument("--memory-budget", default=None,
+                        help="peak RAM for the build, e.g. 8GB, 512MiB, 8g (GB = 10^9, GiB and g = 2^30); "
+                             "sizes the training sample, add chunk and encode batch, and refuses an index that cannot fit")
+    parser.add_argument("--rerank", type=int, default=None,
+                        help="default K' for searches: fetch K' candidates and re-rank them exactly from embeddings.npy (0: off)")
+    parser.add_argument("--nprobe", type=int, default=None, help="default IVF lists visited per search (stored in meta.json; else 32)")
+    parser.add_argument("--batch-size", type=int, default=256, help="passages per encode call and checkpoint (upper bound under a budget)")
     parser.add_argument("--encoder-batch-size", type=int, default=None, help="texts per forward pass")
     parser.add_argument("--max-length", type=int, default=None, help="encoder token limit")
     parser.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:1 ... (default: auto)")
+    parser.add_argument("--devices", default=None,
+                        help="encode with one process per device over contiguous shards: 'cuda:0,cuda:1', 'all' "
+                             "(every visible GPU) or 'cpu,cpu'; default: every GPU when several exist and the corpus has "
+                             ">= 100,000 passages")
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="encoder precision (auto: fp16 on CUDA, fp32 on CPU)")
-    parser.add_argument("--train-size", type=int, default=100_000, help="rows sampled to train IVF/PQ types")
+    parser.add_argument("--train-size", type=int, default=100_000, help="rows sampled to train IVF/PQ/SQ types (upper bound under a budget)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model repo")
     parser.add_argument("--no-resume", action="store_true", help="ignore any partial build in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -45,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        budget = parse_bytes(args.memory_budget)
+    except ValueError as err:
+        print(f"--memory-budget: {err}", file=sys.stderr)
+        return 2
+    devices = parse_devices(args.devices)
     if args.corpus == "default":
         from envs.default_corpus import default_corpus_path
 
@@ -52,18 +95,29 @@ def main(argv: list[str] | None = None) -> int:
     else:
         corpus_path = Path(args.corpus)
     corpus = load_corpus(corpus_path, fmt=args.corpus_format)
+    device = args.device if args.device is not None or not devices else devices[0]
+    dtype = args.dtype if not devices else resolve_dtype(args.dtype, devices[0])  # every shard the same precision
     encoder = load_encoder(
-        args.encoder, device=args.device, batch_size=args.encoder_batch_size, max_length=args.max_length,
-        show_progress=not args.quiet, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+        args.encoder, device=device, batch_size=args.encoder_batch_size, max_length=args.max_length,
+        show_progress=not args.quiet, dtype=dtype, trust_remote_code=args.trust_remote_code,
     )
     print(f"corpus {corpus.path}: {len(corpus)} passages; encoder {encoder.name} ({encoder.dim} dims, {encoder.settings})")
     started = time.perf_counter()
-    out = build_index(
-        corpus, encoder, args.out, index_type=args.index_type, batch_size=args.batch_size,
-        resume=not args.no_resume, train_size=args.train_size, show_progress=not args.quiet,
-    )
+    try:
+        out = build_index(
+            corpus, encoder, args.out, index_type=args.index_type, batch_size=args.batch_size,
+            resume=not args.no_resume, train_size=args.train_size, show_progress=not args.quiet,
+            memory_budget=args.memory_budget, devices=devices, rerank=args.rerank, nprobe=args.nprobe,
+            encoder_options={"trust_remote_code": True} if args.trust_remote_code else None,
+        )
+    except MemoryBudgetError as err:
+        print(f"refused: {err}", file=sys.stderr)
+        return 2
     meta = json.loads((out / META_FILE).read_text())
-    print(f"index {out} ({meta['factory']}, {meta['ntotal']} rows) ready after {time.perf_counter() - started:.1f}s")
+    peak = meta.get("peak_rss_bytes")
+    print(f"index {out} ({meta['factory']}, {meta['ntotal']} rows) ready after {time.perf_counter() - started:.1f}s"
+          + (f"; peak RSS {format_bytes(peak)}" if peak else "")
+          + (f" of a {format_bytes(budget)} budget" if budget and peak else ""))
     return 0
 
 
