@@ -16,7 +16,7 @@ An index directory holds:
 - ``meta.json``: encoder, dim, corpus path/fingerprint/size, index type and factory string,
   faiss version, search settings (``nprobe``, ``rerank``), the memory budget, the build plan
   (training rows, add chunk, encode batch, estimated index bytes), the peak RSS of the building
-  process (``getrusage`` ``ru_maxrss``: its whole life so far) and, for a sharded build, each
+  process (``VmHWM`` on Linux: its whole life so far) and, for a sharded build, each
   encoder process's peak. It is written last, so its presence marks a complete index.
 - ``build.lock``: held while a build runs, so two processes never build into one directory.
 

@@ -162,8 +162,21 @@ def current_rss_bytes() -> int:
 
 
 def peak_rss_bytes(children: bool = False) -> int:
-    """Peak resident set size (``getrusage``) of this process over its life so far, in bytes;
-    with ``children``, of the largest waited-for child process."""
+    """Peak resident set size of this process over its life so far, in bytes; with ``children``,
+    of the largest waited-for child process (``getrusage``).
+
+    On Linux the process's own peak is ``VmHWM`` from ``/proc/self/status``: ``getrusage``'s
+    ``ru_maxrss`` survives ``exec``, so a process started by a big parent (e.g. a test runner)
+    would report the parent's peak as its own.
+    """
+    if not children:
+        try:
+            with open("/proc/self/status") as handle:
+                for line in handle:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, IndexError, ValueError):
+            pass
     usage = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
     return int(usage.ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
 
