@@ -17,29 +17,16 @@ import pytest
 
 from envs.config import EnvConfig
 from envs.defaults import open_retriever
-from envs.encoders import HashEncoder
-from envs.index import build_index
 from envs.remote import RemoteRetrievalError, RemoteRetriever
 from envs.retriever import Retriever
 from envs.search_env import SearchEnv
 from envs.server import MicroBatcher, RetrievalServer, ServerLimits, main as server_main
 from envs.types import Hit, QAExample
 
-from test_retriever import TEXTS, write_corpus
+from test_retriever import TEXTS, index_dir, private_cache, write_corpus  # noqa: F401,F811  (shared fixtures)
 
 QUERIES = ["capital of Japan", "river Spree", "highest mountain", "currency of France", "Danube Vienna",
            "largest city", "English Channel", "Austria capital"]
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture
-def index_dir(tmp_path):
-    corpus = write_corpus(tmp_path / "corpus.jsonl")
-    return build_index(corpus, HashEncoder(), tmp_path / "idx", show_progress=False)
 
 
 @pytest.fixture
