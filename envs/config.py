@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from envs.previews import PreviewConfig
+from envs.protocol import EXPAND_FORMS
 from envs.rewards import RewardConfig
 
 ADMISSION_MODES = ("preview", "prefix")
@@ -24,6 +25,7 @@ class EnvConfig:
     require_expand: bool = True  # preview mode: the action after a snapshot must be an expand
     duplicate_query: str = "penalize"  # a repeated (normalised) query: "penalize" = invalid, "allow"
     distractor_rate: float = 0.0  # rho: chance that each candidate is replaced by a random passage
+    expand_form: str = "list"  # "list": <expand>2, 5</expand>; "judge": <expand>[1] no [2] yes ...</expand>, every candidate judged
     shuffle_candidates: bool = False  # show each snapshot's candidates in a random (per-episode seeded) order
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -31,6 +33,8 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if self.admission not in ADMISSION_MODES:
             raise ValueError(f"admission must be one of {ADMISSION_MODES}, not {self.admission!r}")
+        if self.expand_form not in EXPAND_FORMS:
+            raise ValueError(f"expand_form must be one of {EXPAND_FORMS}, not {self.expand_form!r}")
         if self.duplicate_query not in DUPLICATE_QUERY_POLICIES:
             raise ValueError(f"duplicate_query must be one of {DUPLICATE_QUERY_POLICIES}")
         if not 0.0 <= self.distractor_rate <= 1.0:

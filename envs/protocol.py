@@ -2,7 +2,9 @@
 
 Actions are ``<search>query</search>``, ``<expand>2, 5</expand>`` (1-based candidate numbers
 from the latest snapshot, separated by commas or spaces, or ``none``) and
-``<answer>text</answer>``. The first complete action tag in the model output is the action;
+``<answer>text</answer>``. The expand action also has a judgement form,
+``<expand>[1] no [2] yes [3] no</expand>``: one yes/no per candidate, the yes ones are opened
+(``EnvConfig.expand_form = "judge"`` requires it and a judgement for every candidate shown). The first complete action tag in the model output is the action;
 text before it (reasoning, ``<think>`` blocks) is allowed and ignored. Anything else parses
 to an :class:`InvalidAction` carrying the reason, never an exception.
 """
@@ -17,6 +19,9 @@ CLOSING_TAGS = tuple(f"</{tag}>" for tag in ACTION_TAGS)
 _ACTION = re.compile(r"<(search|expand|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _OPEN_ONLY = re.compile(r"<(search|expand|answer)>", re.IGNORECASE)
 _ID_SEPARATORS = re.compile(r"[\s,;]+")
+_JUDGEMENT = re.compile(r"\[?(\d+)\]?\s*[:=\-]?\s*(yes|no)\b", re.IGNORECASE)
+_JUDGEMENT_BODY = re.compile(r"^(?:[\s,;.]*\[?\d+\]?\s*[:=\-]?\s*(?:yes|no)\b)+[\s,;.]*$", re.IGNORECASE)
+EXPAND_FORMS = ("list", "judge")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class SearchAction:
 @dataclass(frozen=True)
 class ExpandAction:
     ids: tuple[int, ...]  # 1-based candidate numbers, in the order given, without repeats
+    judged: tuple[int, ...] | None = None  # judgement form: every candidate judged, in order; None: list form
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,23 @@ class InvalidAction:
 Action = Union[SearchAction, ExpandAction, AnswerAction, InvalidAction]
 
 
+def _parse_judgements(body: str, raw: str) -> Action:
+    """``[1] no [2] yes ...`` -> the yes ones as ids, every judged number in ``judged``."""
+    judged: list[int] = []
+    opened: list[int] = []
+    for number, verdict in _JUDGEMENT.findall(body):
+        value = int(number)
+        if value in judged:
+            return InvalidAction(f"candidate {value} is judged twice", raw)
+        judged.append(value)
+        if verdict.lower() == "yes":
+            opened.append(value)
+    return ExpandAction(ids=tuple(opened), judged=tuple(judged))
+
+
 def _parse_ids(body: str, raw: str) -> Action:
+    if _JUDGEMENT_BODY.match(body):
+        return _parse_judgements(body, raw)
     cleaned = body.strip().strip("[]").strip()
     if cleaned.lower() in {"none", "no", "nothing"}:
         return ExpandAction(ids=())
@@ -84,8 +106,19 @@ def format_search(query: str) -> str:
     return f"<search>{query}</search>"
 
 
-def format_expand(ids: list[int] | tuple[int, ...]) -> str:
-    return f"<expand>{', '.join(str(i) for i in ids) if ids else 'none'}</expand>"
+def format_expand(ids: list[int] | tuple[int, ...], n_candidates: int | None = None, form: str = "list") -> str:
+    """``<expand>`` opening ``ids``: a list (``2, 5`` or ``none``), or with ``form="judge"`` one
+    judgement per candidate 1..``n_candidates`` (``[1] no [2] yes ...``)."""
+    if form not in EXPAND_FORMS:
+        raise ValueError(f"expand form must be one of {EXPAND_FORMS}, not {form!r}")
+    if form == "list":
+        return f"<expand>{', '.join(str(i) for i in ids) if ids else 'none'}</expand>"
+    if n_candidates is None:
+        raise ValueError("the judgement form needs the number of candidates shown")
+    chosen = set(ids)
+    if not chosen <= set(range(1, n_candidates + 1)):
+        raise ValueError(f"ids {sorted(chosen)} are not all candidates of 1..{n_candidates}")
+    return "<expand>" + " ".join(f"[{i}] {'yes' if i in chosen else 'no'}" for i in range(1, n_candidates + 1)) + "</expand>"
 
 
 def format_answer(answer: str) -> str:

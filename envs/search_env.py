@@ -181,6 +181,9 @@ class SearchEnv(gym.Env):
             if len(action.ids) > cfg.max_expand:
                 return f"at most {cfg.max_expand} candidates may be expanded at once"
             n = len(episode.latest.hits)
+            if cfg.expand_form == "judge" and action.judged != tuple(range(1, n + 1)):
+                return (f"judge every candidate in order, [1] to [{n}], each with yes or no "
+                        f"(for example <expand>{' '.join(f'[{i}] no' for i in range(1, n + 1))}</expand>)")
             bad = [i for i in action.ids if not 1 <= i <= n]
             if bad:
                 return f"candidate number(s) {bad} not in the snapshot (valid: 1..{n})"

@@ -92,12 +92,15 @@ class SeedsR1(Method):
     max_searches: int = 4
     max_actions: int = 10
     max_tokens: int = 512
+    expand_form: str = "list"  # "judge": one yes/no per candidate (EnvConfig.expand_form), as trained
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
+        config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
+        return dataclasses.replace(config, expand_form=self.expand_form)
 
     def prompt(self, question: str) -> str:
-        return r1.SEEDS_R1.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
+        template = r1.SEEDS_R1_JUDGE if self.expand_form == "judge" else r1.SEEDS_R1
+        return template.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
                                   question=question)
 
     async def run(self, ctx: QuestionContext) -> None:

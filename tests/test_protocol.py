@@ -54,3 +54,18 @@ def test_invalid_actions_have_reasons(text, reason_part):
 def test_format_expand_round_trips():
     assert parse_action(format_expand([3, 1])) == ExpandAction((3, 1))
     assert parse_action(format_expand([])) == ExpandAction(())
+
+
+def test_judgement_form_parses_to_the_yes_candidates():
+    assert parse_action("<expand>[1] no [2] yes [3] YES</expand>") == ExpandAction((2, 3), judged=(1, 2, 3))
+    assert parse_action("<expand>1: no, 2: no</expand>") == ExpandAction((), judged=(1, 2))
+    assert isinstance(parse_action("<expand>[1] yes [1] no</expand>"), InvalidAction)
+    assert parse_action("<expand>no</expand>") == ExpandAction(())  # the word alone is still "none"
+
+
+def test_format_expand_judgement_form_round_trips():
+    text = format_expand([3, 1], n_candidates=4, form="judge")
+    assert text == "<expand>[1] yes [2] no [3] yes [4] no</expand>"
+    assert parse_action(text) == ExpandAction((1, 3), judged=(1, 2, 3, 4))
+    with pytest.raises(ValueError):
+        format_expand([5], n_candidates=4, form="judge")

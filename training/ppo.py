@@ -88,7 +88,7 @@ def prompt_fn_for(env_config):
     from methods.seeds import SeedsR1
 
     return SeedsR1(k=env_config.top_k, max_expand=env_config.max_expand, max_searches=env_config.max_searches,
-                   max_actions=env_config.max_actions).prompt
+                   max_actions=env_config.max_actions, expand_form=env_config.expand_form).prompt
 
 
 def load_questions(cfg: PPOConfig) -> tuple[list, list]:

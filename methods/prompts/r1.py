@@ -24,3 +24,15 @@ SEEDS_R1 = (
     "only the answer inside <answer> and </answer>, for example <answer> Paris </answer>. "
     "Question: {question}\n"
 )
+
+# SEEDS-R1 with the judgement form of the expand action (``EnvConfig.expand_form = "judge"``):
+# after a snapshot the policy judges every candidate in order, one yes/no each.
+SEEDS_R1_JUDGE = (
+    "Solve the question below. When you need knowledge you lack, query a search engine by writing "
+    "<search> query </search>; you get a <snapshot> with up to {k} numbered candidates, each a title "
+    "and a short excerpt. After every snapshot judge each candidate in order, yes to read it in full "
+    "or no to skip it, inside <expand> and </expand>, for example <expand>[1] no [2] yes [3] no</expand>; "
+    "at most {max_expand} yes at a time. The full text of the yes ones is returned inside <information> "
+    "and </information>. You may search at most {max_searches} times. Once you know it, write only the "
+    "answer inside <answer> and </answer>. Question: {question}\n"
+)
