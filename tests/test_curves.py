@@ -30,12 +30,19 @@ def write_eval(run_dir, evaluation: dict) -> None:
     (run_dir / "eval.json").write_text(json.dumps(evaluation), encoding="utf-8")
 
 
+BEFORE_OUTCOMES = {"reward": [0.0, 0.2, -0.1, 0.3], "em": [0.0, 0.0, 0.0, 1.0],
+                   "positives_opened": [1.0, 0.0, 1.0, 2.0], "docs_read": [2.0, 2.0, 3.0, 2.0]}
+AFTER_OUTCOMES = {"reward": [0.5, 0.4, 0.1, 0.6], "em": [1.0, 0.0, 0.0, 1.0],
+                  "positives_opened": [1.0, 1.0, 1.0, 2.0], "docs_read": [1.0, 1.0, 2.0, 2.0]}
+# as training.ppo writes it (comparison rows from training.policy_eval.compare_runs)
 EVALUATION = {
-    "before": {"reward_mean": 0.1, "em": 0.1, "selection_precision": 0.4},
-    "after": {"reward_mean": 0.4, "em": 0.3, "selection_precision": 0.6},
-    "questions": 16,
-    "intervals": {"before": {"em": [0.05, 0.2]}, "after": {"em": {"low": 0.2, "high": 0.35}}},
-    "diff": {"em": {"delta": 0.2, "low": 0.1, "high": 0.3}},
+    "before": {"reward_mean": 0.1, "em": 0.25, "selection_precision": 4 / 9},
+    "after": {"reward_mean": 0.4, "em": 0.5, "selection_precision": 5 / 6},
+    "questions": 4,
+    "comparison": {"reward": {"before": 0.1, "after": 0.4, "diff": 0.3, "lo": 0.1, "hi": 0.5},
+                   "em": {"before": 0.25, "after": 0.5, "diff": 0.25, "lo": 0.0, "hi": 0.5},
+                   "precision": {"before": 0.44, "after": 0.83, "diff": 0.39, "lo": 0.2, "hi": 0.6}},
+    "per_question": {"before": BEFORE_OUTCOMES, "after": AFTER_OUTCOMES},
 }
 
 
@@ -61,7 +68,8 @@ def test_missing_eval_json_still_plots_the_updates(tmp_path):
 
 
 def test_evaluation_alone_plots_and_partial_sides_are_tolerated(tmp_path):
-    write_eval(tmp_path, {"before": None, "after": {"em": 0.3, "selection_precision": "n/a"}, "intervals": []})
+    write_eval(tmp_path, {"before": None, "after": {"em": 0.3, "selection_precision": "n/a"}, "comparison": [],
+                          "per_question": {"after": {"em": [1.0]}}})
     assert_valid_png(write_curves(tmp_path))
 
 
@@ -129,19 +137,36 @@ def test_failed_drawing_keeps_the_previous_png(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png", "metrics.jsonl"]
 
 
-def test_panels_draw_evaluation_intervals_and_difference(tmp_path):
+def error_bars(axis) -> list[tuple[float, float, float]]:
+    """(x, low, high) of every vertical error bar on the axis."""
+    segments = [segment for c in axis.collections if isinstance(c, LineCollection) for segment in c.get_segments()]
+    return sorted((s[0][0], min(s[0][1], s[1][1]), max(s[0][1], s[1][1])) for s in segments)
+
+
+def test_panels_draw_bootstrap_error_bars_and_the_paired_difference(tmp_path):
     records = [update_record(1, critic_only=True), update_record(2, critic_only=True), update_record(3)]
     figure = curves.build_figure(tmp_path, records, EVALUATION)
     axes = {axis.get_title().splitlines()[0]: axis for axis in figure.axes}
     assert set(axes) == {title for _, title in curves.PANELS}
-    em_axis = axes["EM"]
-    assert "after − before: +0.200 [+0.100, +0.300]" in em_axis.get_title()
-    bars = [c for c in em_axis.collections if isinstance(c, LineCollection)]
-    spans = sorted((segment[0][0], min(segment[0][1], segment[1][1]), max(segment[0][1], segment[1][1]))
-                   for bar in bars for segment in bar.get_segments())
-    assert spans == [pytest.approx((0.0, 0.05, 0.2)), pytest.approx((3.0, 0.2, 0.35))]  # before at 0, after at 3
-    assert [t.get_text() for t in axes["KL to reference"].texts] == []
+    assert axes["EM"].get_title().splitlines()[1] == "after − before: +0.250 [+0.000, +0.500]"
+    assert axes["reward"].get_title().splitlines()[1] == "after − before: +0.300 [+0.100, +0.500]"
+    bars = error_bars(axes["selection precision"])
+    assert [x for x, _, _ in bars] == [0.0, 3.0]  # before left of update 1, after at the last update
+    for (_, low, high), side in zip(bars, ("before", "after")):
+        expected = curves.bootstrap_interval(curves.question_outcomes(EVALUATION, side), "precision")
+        assert (low, high) == pytest.approx(expected)
+        assert low <= EVALUATION[side]["selection_precision"] <= high
+    assert error_bars(axes["KL to reference"]) == [] and list(axes["KL to reference"].texts) == []
     assert curves.critic_only_spans(records) == [(1.0, 2.0)]
+
+
+def test_bootstrap_interval_of_a_constant_outcome_is_a_point():
+    outcomes = {"reward": [0.5] * 5, "em": [1.0] * 5, "positives_opened": [1.0] * 5, "docs_read": [2.0] * 5}
+    evaluation = {"per_question": {"after": outcomes}}
+    assert curves.evaluation_interval(evaluation, "after", "em") == (1.0, 1.0)
+    assert curves.evaluation_interval(evaluation, "after", "selection_precision") == (0.5, 0.5)
+    assert curves.evaluation_interval(evaluation, "after", "kl") is None  # no evaluation statistic
+    assert curves.evaluation_interval(evaluation, "before", "em") is None
 
 
 def test_a_metric_nobody_logged_says_so(tmp_path):
@@ -151,15 +176,21 @@ def test_a_metric_nobody_logged_says_so(tmp_path):
     assert "no eval.json" in figure.get_suptitle()
 
 
-def test_interval_and_difference_readers():
-    assert curves.as_interval([0.3, 0.1]) == (0.1, 0.3)
-    assert curves.as_interval({"low": 0.1, "high": 0.2}) == (0.1, 0.2)
-    assert curves.as_interval([0.1]) is None
-    assert curves.as_interval(["a", 0.2]) is None
-    assert curves.evaluation_difference({"diff": {"em": 0.1}}, "em") == (0.1, None)
-    with_interval = {"diff": {"em": {"mean": 0.1, "low": 0, "high": 0.2}}}
-    assert curves.evaluation_difference(with_interval, "em") == (0.1, (0.0, 0.2))
-    assert curves.evaluation_difference({"diff": "none"}, "em") is None
+@pytest.mark.parametrize("broken", [
+    {"reward": [0.1], "em": [0.0]},  # outcomes missing
+    {**BEFORE_OUTCOMES, "em": [0.0, 1.0]},  # lengths differ
+    {**BEFORE_OUTCOMES, "reward": [0.1, None, 0.2, 0.3]},  # not a number
+    {key: [] for key in BEFORE_OUTCOMES},  # no questions
+])
+def test_unusable_per_question_outcomes_give_no_error_bar(broken):
+    assert curves.question_outcomes({"per_question": {"before": broken}}, "before") is None
+
+
+def test_paired_difference_reader_tolerates_missing_and_partial_rows():
+    assert curves.evaluation_difference(EVALUATION, "em") == (0.25, 0.0, 0.5)
+    assert curves.evaluation_difference(EVALUATION, "kl") is None
+    assert curves.evaluation_difference({"comparison": {"em": {"diff": 0.1}}}, "em") is None
+    assert curves.evaluation_difference({"comparison": "none"}, "em") is None
 
 
 def test_cli_writes_the_png_and_reports_problems(tmp_path, capsys):

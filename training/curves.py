@@ -15,17 +15,14 @@ Inputs, all optional except that a run needs at least one of the two files:
   otherwise). Values that are not finite numbers (NaN, null, text) are gaps. When an update
   appears twice (a run resumed from an earlier checkpoint logs those updates again), the later
   record wins. Records without ``update`` are placed by their position.
-- ``eval.json``: ``{"before": {stats}, "after": {stats}, "questions": n}``; either side may be
-  missing or null. Optional bootstrap intervals, drawn as error bars::
-
-      "intervals": {"before": {"em": [low, high], ...}, "after": {...}}
-
-  and an optional paired difference (after - before), written into the panel titles::
-
-      "diff": {"em": {"delta": 0.12, "low": 0.05, "high": 0.19}, ...}
-
-  An interval is ``[low, high]`` or ``{"low": ..., "high": ...}``; a difference's value may be
-  called ``delta`` or ``mean``, or be a bare number. Anything else in these blocks is ignored.
+- ``eval.json``, as ``training.ppo`` writes it: ``{"before": {stats}, "after": {stats},
+  "questions": n, "comparison": {...}, "per_question": {...}}``; any part may be missing or null.
+  ``per_question`` (``{"before"|"after": {"reward": [...], "em": [...], "positives_opened": [...],
+  "docs_read": [...]}}``, one entry per held-out question) gives each marker an error bar: the 95%
+  percentile bootstrap interval of that evaluation's statistic (questions resampled, the
+  statistics of :mod:`training.policy_eval`: mean reward, mean EM, pooled selection precision).
+  ``comparison`` (``{"reward"|"em"|"precision": {"diff", "lo", "hi", ...}}``, the paired bootstrap
+  of after − before) is written into the panel titles.
 
 The PNG is written atomically (a temp file in the run folder, then renamed), drawn with
 matplotlib's Agg canvas directly: no pyplot state, no display needed.
@@ -39,6 +36,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -49,6 +47,7 @@ if __package__ in (None, ""):  # `python training/curves.py RUN_DIR`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.atomic import atomic_write
+from training.policy_eval import OUTCOME_KEYS, STATISTICS
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
@@ -64,6 +63,11 @@ PANELS = (
     ("entropy", "entropy"),
     ("explained_variance", "explained variance (critic)"),
 )
+
+# the statistic of training.policy_eval (eval.json's comparison / per_question) behind a panel's metric
+STATISTIC_OF_METRIC = {"reward_mean": "reward", "em": "em", "selection_precision": "precision"}
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_LEVEL = 0.95
 
 TRAIN_COLOR = "tab:blue"
 EVAL_COLORS = {"before": "tab:orange", "after": "tab:green"}
@@ -122,37 +126,53 @@ def read_evaluation(path: Path) -> dict | None:
     return evaluation
 
 
-def as_interval(raw) -> tuple[float, float] | None:
-    """``[low, high]`` or ``{"low": .., "high": ..}`` as two finite floats, else None."""
-    if isinstance(raw, dict):
-        raw = [raw.get("low"), raw.get("high")]
-    if not isinstance(raw, (list, tuple)) or len(raw) != 2:
-        return None
-    low, high = (finite_or_nan(value) for value in raw)
-    return None if math.isnan(low) or math.isnan(high) else (min(low, high), max(low, high))
-
-
 def evaluation_value(evaluation: dict, side: str, metric: str) -> float:
     stats = evaluation.get(side)
     return finite_or_nan(stats.get(metric)) if isinstance(stats, dict) else math.nan
 
 
+def question_outcomes(evaluation: dict, side: str) -> dict[str, np.ndarray] | None:
+    """One side's per-question outcome arrays, or None unless every outcome is a list of finite
+    numbers, all of the same non-zero length."""
+    blocks = evaluation.get("per_question")
+    block = blocks.get(side) if isinstance(blocks, dict) else None
+    if not isinstance(block, dict):
+        return None
+    columns = [block.get(key) for key in OUTCOME_KEYS]
+    if not all(isinstance(column, list) and column for column in columns):
+        return None
+    if len({len(column) for column in columns}) != 1:
+        return None
+    arrays = {key: np.array([finite_or_nan(value) for value in column]) for key, column in zip(OUTCOME_KEYS, columns)}
+    return None if any(np.isnan(array).any() for array in arrays.values()) else arrays
+
+
+def bootstrap_interval(outcomes: dict[str, np.ndarray], statistic: str, resamples: int = BOOTSTRAP_RESAMPLES,
+                       level: float = BOOTSTRAP_LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of one evaluation's statistic, questions resampled with replacement."""
+    n = len(outcomes[OUTCOME_KEYS[0]])
+    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    values = STATISTICS[statistic](outcomes, rows)
+    tail = (1.0 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def evaluation_interval(evaluation: dict, side: str, metric: str) -> tuple[float, float] | None:
-    intervals = evaluation.get("intervals")
-    side_intervals = intervals.get(side) if isinstance(intervals, dict) else None
-    return as_interval(side_intervals.get(metric)) if isinstance(side_intervals, dict) else None
+    """The error bar of one marker, when eval.json has that side's per-question outcomes."""
+    statistic = STATISTIC_OF_METRIC.get(metric)
+    outcomes = question_outcomes(evaluation, side) if statistic else None
+    return None if outcomes is None else bootstrap_interval(outcomes, statistic)
 
 
-def evaluation_difference(evaluation: dict, metric: str) -> tuple[float, tuple[float, float] | None] | None:
-    """(after - before, its interval or None) from the ``diff`` block, or None."""
-    differences = evaluation.get("diff")
-    raw = differences.get(metric) if isinstance(differences, dict) else None
-    if isinstance(raw, dict):
-        delta = finite_or_nan(raw.get("delta", raw.get("mean")))
-        interval = as_interval(raw)
-    else:
-        delta, interval = finite_or_nan(raw), None
-    return None if math.isnan(delta) else (delta, interval)
+def evaluation_difference(evaluation: dict, metric: str) -> tuple[float, float, float] | None:
+    """(after − before, low, high) of the paired bootstrap in ``comparison``, or None."""
+    comparisons = evaluation.get("comparison")
+    row = comparisons.get(STATISTIC_OF_METRIC.get(metric)) if isinstance(comparisons, dict) else None
+    if not isinstance(row, dict):
+        return None
+    values = tuple(finite_or_nan(row.get(key)) for key in ("diff", "lo", "hi"))
+    return None if any(math.isnan(value) for value in values) else values
 
 
 # ============================================================================== drawing
@@ -208,9 +228,8 @@ def panel_title(title: str, evaluation: dict | None, metric: str) -> str:
     difference = evaluation_difference(evaluation, metric) if evaluation else None
     if difference is None:
         return title
-    delta, interval = difference
-    bounds = "" if interval is None else f" [{interval[0]:+.3f}, {interval[1]:+.3f}]"
-    return f"{title}\nafter − before: {delta:+.3f}{bounds}"
+    delta, low, high = difference
+    return f"{title}\nafter − before: {delta:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
 def draw_panel(axis, metric: str, title: str, records: list[dict], evaluation: dict | None,
@@ -234,8 +253,9 @@ def legend_handles(records: list[dict], evaluation: dict | None, spans: list) ->
         handles.append(Line2D([], [], color=TRAIN_COLOR, marker=".", label="training rollouts (per update)"))
     for side in EVAL_SIDES:
         if evaluation is not None and isinstance(evaluation.get(side), dict):
+            bars = " (95% bootstrap interval)" if question_outcomes(evaluation, side) is not None else ""
             handles.append(Line2D([], [], color=EVAL_COLORS[side], marker="D", linestyle="none",
-                                  label=f"held-out eval {side}"))
+                                  label=f"held-out eval {side}{bars}"))
     if spans:
         handles.append(Patch(color="0.85", label="critic-only updates"))
     return handles
