@@ -34,6 +34,11 @@ class LoraSettings:
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     critic: bool = True  # the critic is a LoRA on its own copy of the base (+ a trainable head)
+    top_layers: int | None = None  # LoRA only on the top N decoder layers (backward stops below them); None: all
+
+    def __post_init__(self) -> None:
+        if self.top_layers is not None and self.top_layers < 1:
+            raise ConfigError("lora.top_layers must be at least 1 (or null for every layer)")
 
 
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -68,6 +73,7 @@ class PPOConfig:
     model: str = "gemma3-270m"  # "gemma3-270m", "smollm2-135m", a HF folder or a cached hub id
     sft_checkpoint: str | None = None  # HF folder of the SFT policy (actor init and KL reference)
     sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
+    require_sft_checkpoint: bool = False  # true: refuse to start without sft_checkpoint (no quick warm start)
     sft: dict[str, Any] = field(default_factory=dict)  # WarmStartConfig overrides for it (--sft.epochs 1)
     dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it
     trust_remote_code: bool = False
@@ -148,6 +154,12 @@ class PPOConfig:
                      "samples_per_question", "num_envs", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.require_sft_checkpoint and not self.sft_checkpoint:
+            raise ConfigError(
+                "this recipe requires sft_checkpoint (require_sft_checkpoint: true): the quick CPU warm start "
+                "(32 generated questions, random expansions) is no warm start for this model. Train the paper's "
+                "warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml --model ... "
+                "--teacher_llm ...), then pass --sft_checkpoint <its output_dir>/model (also when resuming)")
 
 
 # ------------------------------------------------------------------------------ loading

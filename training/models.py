@@ -136,11 +136,17 @@ class Models:
     tokenizer: Any
 
 
-def _lora_config(settings: Any, task_type: str | None):
+def _lora_config(settings: Any, task_type: str | None, num_layers: int):
+    """peft LoraConfig; with ``settings.top_layers`` = N, only decoder layers ``num_layers−N ..`` get adapters."""
     from peft import LoraConfig
 
+    top = getattr(settings, "top_layers", None)
+    if top is not None and top > num_layers:
+        raise ValueError(f"lora.top_layers={top} but the model has {num_layers} decoder layers")
+    layers = list(range(num_layers - top, num_layers)) if top else None
     return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=list(settings.target_modules), task_type=task_type, bias="none")
+                      target_modules=list(settings.target_modules), task_type=task_type, bias="none",
+                      layers_to_transform=layers)
 
 
 def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
@@ -151,12 +157,13 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
 
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
     hidden_size = lm.config.get_text_config().hidden_size
+    num_layers = lm.config.get_text_config().num_hidden_layers
     backbone = copy.deepcopy(_decoder(lm))  # the critic's own copy, same initial weights
     if cfg.lora.enabled and cfg.lora.critic:
-        backbone = get_peft_model(backbone, _lora_config(cfg.lora, None))
+        backbone = get_peft_model(backbone, _lora_config(cfg.lora, None, num_layers))
     critic = ValueHead(backbone, hidden_size)
     if cfg.lora.enabled:
-        actor = PolicyModel(get_peft_model(lm, _lora_config(cfg.lora, "CAUSAL_LM")), cfg.logprob_chunk)
+        actor = PolicyModel(get_peft_model(lm, _lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None):
             with torch.no_grad(), actor.lm.disable_adapter():

@@ -41,10 +41,16 @@ from typing import Any
 if __package__ in (None, ""):  # `accelerate launch training/ppo.py` runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.cpu_threads import prefer_passive_openmp_wait, use_all_cores  # before torch: see below
+
+prefer_passive_openmp_wait()  # OpenMP reads OMP_WAIT_POLICY when torch loads it
+
 import torch
 import yaml
 
 from training.config import ConfigError, PPOConfig, load_config, save_resolved, to_dict
+from training.curves import write_curves_or_warn
+from training.policy_eval import result_line
 from training.ppo_core import (
     compute_advantages,
     entropy_sum,
@@ -189,21 +195,29 @@ def reduce_mean(accelerator, stats: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, values.tolist()))
 
 
-def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn) -> dict:
-    """Greedy episodes on held-out questions (each process its shard) -> rollout_stats."""
+def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn,
+                    tokenizer=None) -> tuple[dict, dict]:
+    """Greedy episodes on held-out questions (each process its shard) -> (rollout_stats averaged
+    over processes, per-question outcomes of ALL questions in order, for the paired bootstrap)."""
     from envs.vector_env import SearchVectorEnv
+    from training.policy_eval import gather_outcomes, question_outcomes
     from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 
-    shard = examples[accelerator.process_index::accelerator.num_processes]
+    indices = list(range(accelerator.process_index, len(examples), accelerator.num_processes))
+    shard = [examples[i] for i in indices]
     stats = {k: 0.0 for k in ROLLOUT_KEYS}
+    episodes = []
     if shard:
-        venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config)
+        venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config,
+                               tokenizer=tokenizer)
         rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
                                 temperature=0.0, samples_per_question=1, seed=cfg.seed)
-        found = rollout_stats(collect_rollouts(backend, venv, shard, rollout, prompt_fn,
-                                               progress="eval" if accelerator.is_local_main_process else None))
+        episodes = collect_rollouts(backend, venv, shard, rollout, prompt_fn,
+                                    progress="eval" if accelerator.is_local_main_process else None)
+        found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
-    return reduce_mean(accelerator, stats)
+    outcomes = gather_outcomes(accelerator, question_outcomes(episodes), indices, len(examples))
+    return reduce_mean(accelerator, stats), outcomes
 
 
 def accelerator_handlers() -> list:
@@ -343,6 +357,30 @@ def _fmt(stats: dict[str, float]) -> str:
     return " ".join(f"{short} {stats[key]:{spec}}" for key, short, spec in names if key in stats)
 
 
+def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict, outcomes_start: dict,
+                        outcomes_end: dict, cfg: PPOConfig) -> dict:
+    """Print the greedy before/after metrics with paired bootstrap 95% intervals of the
+    differences, and write ``eval.json``; returns what was written."""
+    from envs.atomic import write_json_atomic
+    from training.policy_eval import compare_runs
+
+    comparison = compare_runs(outcomes_start, outcomes_end, seed=cfg.seed)
+    n = len(outcomes_start["reward"])
+    accelerator.print(f"[ppo] greedy evaluation on {n} held-out questions, before -> after PPO "
+                      f"(after − before, paired bootstrap 95% interval):")
+    for name, row in comparison.items():
+        accelerator.print(f"[ppo]   {name:9s} {row['before']:.3f} -> {row['after']:.3f}  "
+                          f"diff {row['diff']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]")
+    accelerator.print(f"[ppo]   documents read per question {eval_start['docs_read_per_question']:.2f} -> "
+                      f"{eval_end['docs_read_per_question']:.2f}")
+    report = {"before": eval_start, "after": eval_end, "questions": n, "comparison": comparison,
+              "per_question": {"before": {k: v.tolist() for k, v in outcomes_start.items()},
+                               "after": {k: v.tolist() for k, v in outcomes_end.items()}}}
+    if accelerator.is_main_process:
+        write_json_atomic(report, out / "eval.json")
+    return report
+
+
 # ============================================================================== training
 
 
@@ -372,6 +410,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         accelerator = Accelerator(log_with="wandb" if cfg.report_to == "wandb" else None,
                                   kwargs_handlers=accelerator_handlers())
     _check_process_count(accelerator)
+    use_all_cores(accelerator.device)  # accelerate launch exports OMP_NUM_THREADS=1; SEEDS_RL_THREADS=N overrides
     set_seed(cfg.seed)
     out = Path(cfg.output_dir)
     resume_from = load_latest(out) if cfg.resume else None
@@ -436,7 +475,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     eval_start = None
     if eval_examples:
         sync_rollout_weights(backend, policy)
-        eval_start = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator, prompt_fn)
+        eval_start, outcomes_start = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator,
+                                                     prompt_fn, tokenizer)
         accelerator.print(f"[ppo] eval before (update {start_update}): EM {eval_start['em']:.3f} "
                           f"selection precision {eval_start['selection_precision']:.3f} "
                           f"reward {eval_start['reward_mean']:.3f} on {len(eval_examples)} held-out questions")
@@ -454,7 +494,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         data_position += cfg.questions_per_update
         shard = questions[rank * local_questions:(rank + 1) * local_questions]
         venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard) * cfg.samples_per_question),
-                               config=env_config)
+                               config=env_config, tokenizer=tokenizer)
         rollout_cfg = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
                                     temperature=cfg.temperature, top_p=cfg.top_p,
                                     samples_per_question=cfg.samples_per_question,
@@ -610,31 +650,25 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     bar.close()
 
     # ---------------------------------------------------------------- the end
-    eval_end = None
+    eval_end = report = None
     if eval_examples:
         sync_rollout_weights(backend, policy)
-        eval_end = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator, prompt_fn)
-        before = eval_start or {}
-        accelerator.print(f"[ppo] eval after (update {cfg.updates}): EM {before.get('em', math.nan):.3f} -> "
-                          f"{eval_end['em']:.3f}, selection precision "
-                          f"{before.get('selection_precision', math.nan):.3f} -> {eval_end['selection_precision']:.3f}, "
-                          f"reward {before.get('reward_mean', math.nan):.3f} -> {eval_end['reward_mean']:.3f}, "
-                          f"documents read {before.get('docs_read_per_question', math.nan):.2f} -> "
-                          f"{eval_end['docs_read_per_question']:.2f} per question ({len(eval_examples)} held-out questions)")
-        if accelerator.is_main_process:
-            from envs.atomic import write_json_atomic
-
-            write_json_atomic({"before": eval_start, "after": eval_end, "questions": len(eval_examples)},
-                              out / "eval.json")
+        eval_end, outcomes_end = evaluate_policy(backend, retriever, env_config, eval_examples, cfg, accelerator,
+                                                 prompt_fn, tokenizer)
+        report = report_before_after(accelerator, out, eval_start, eval_end, outcomes_start, outcomes_end, cfg)
     if cfg.export and accelerator.is_main_process:
         folder = export_hf(policy, tokenizer, out / "final_hf")
         accelerator.print(f"[ppo] exported the policy to {folder} "
                           f"(python -m inference.evaluate --method seeds-r1 --llm hf:{folder} ...)")
+    if accelerator.is_main_process:
+        write_curves_or_warn(out, log=accelerator.print)
+    if report is not None:
+        accelerator.print(result_line(report["comparison"]))
     accelerator.wait_for_everyone()
     close_rollout_backend(backend)  # vLLM: shut down before end_training destroys the process group it shares
     accelerator.end_training()
     return {"update": max(cfg.updates, start_update), "data_position": data_position, "eval_start": eval_start,
-            "eval_end": eval_end, "history": history, "models": models}
+            "eval_end": eval_end, "comparison": report["comparison"] if report else None, "history": history, "models": models}
 
 
 DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
