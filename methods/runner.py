@@ -77,8 +77,12 @@ async def run_questions(
     seed: int = 0,
     max_llm_calls: int = 64,
     on_result: Callable[[dict], None] | None = None,
+    env_tokenizer: Any = None,
 ) -> list[dict]:
-    """Predictions for ``examples`` (in input order); ``on_result`` sees each as it finishes."""
+    """Predictions for ``examples`` (in input order); ``on_result`` sees each as it finishes.
+
+    The env counts observation caps in ``env_tokenizer``'s tokens when given (a policy trained on
+    these episodes), else in the backend's tokenizer (words when it has none)."""
     config = method.env_config(env_config or EnvConfig())
     steps = EnvStepBatcher(retriever)
     gate = asyncio.Semaphore(max(1, concurrency))
@@ -86,7 +90,7 @@ async def run_questions(
     async def one(example: QAExample) -> dict:
         question_seed = seed + zlib.crc32(example.id.encode()) % 2**31  # stable across resumed runs
         async with gate:
-            env = SearchEnv(retriever, None, config, tokenizer=llm.tokenizer)
+            env = SearchEnv(retriever, None, config, tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
             ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls)
             record = await run_question(method, ctx)

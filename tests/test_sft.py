@@ -21,7 +21,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.base import Completion, GenerationResult, LLMBackend
 from methods.prompts import r1
 from tests.conftest import PASSAGES
-from training import sft, trajectories
+from training import scripted_teacher, sft, trajectories
 from training.rollout import RolloutConfig, collect_rollouts
 
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
@@ -36,7 +36,7 @@ def tokenizer():
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES] + list(trajectories._THINK.values())
+    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES] + list(scripted_teacher.THINK_TEXTS.values())
     bpe.train_from_iterator(text * 10, trainer)
     bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
@@ -81,11 +81,15 @@ def model_actions(record):
     return [parse_action(s["text"]) for s in record["segments"] if s["role"] == "model"]
 
 
-def test_scripted_teacher_follows_protocol_and_opens_positives(retriever, examples):
-    records = trajectories.collect_scripted(examples, retriever, EnvConfig(), num_envs=3, seed=0)
+def collect(examples, retriever, expand="random", **options):
+    settings = scripted_teacher.ScriptedTeacherConfig(expand=expand, **options)
+    return scripted_teacher.collect_scripted(examples, retriever, EnvConfig(), settings, num_envs=4, seed=0)
+
+
+def test_scripted_teacher_positives_mode_opens_positives_and_reads_its_answer(retriever, examples):
+    records = collect(examples, retriever, expand="positives")
     assert [r["id"] for r in records] == [e.id for e in examples]
     for record, example in zip(records, examples):
-        assert record["accepted"] and record["reason"] == "correct", record["reason"]
         roles = [s["role"] for s in record["segments"]]
         assert roles[0] == "prompt" and roles[-1] == "model"
         assert all(a != b for a, b in pairwise(roles[1:]))  # model / observation alternate
@@ -93,32 +97,45 @@ def test_scripted_teacher_follows_protocol_and_opens_positives(retriever, exampl
         assert all(s["text"].startswith("<think>") for s in record["segments"] if s["role"] == "model")
         assert record["text"] == trajectories.trajectory_text(record["segments"])
         summary = record["summary"]
-        assert summary["n_invalid"] == 0 and summary["answer"] == example.golden_answers[0]
-        assert summary["negatives_opened"] == 0  # positives mode without extra expansions
-        for search in summary["searches"]:
-            assert all(search["positive"][i - 1] for i in search["expanded"])
+        assert summary["n_invalid"] == 0 and summary["negatives_opened"] == 0  # no extra expansions
+        for search in summary["searches"]:  # gold-guided expansion: exactly the labelled positives
             assert sorted(search["expanded"]) == [i + 1 for i, p in enumerate(search["positive"]) if p][:5]
+        # The answer is read, not given: the title of the first passage it opened.
+        first = summary["searches"][-1]
+        assert summary["answer"] == first["titles"][first["expanded"][0] - 1]
+    assert records[0]["teacher"] == "scripted:positives:first_title"
     assert records[0]["summary"]["positives_opened"] == 2  # q0: p0 and p1 labelled
+    assert (records[0]["summary"]["answer"], records[0]["reason"]) == ("Paris", "correct")
+
+
+def test_scripted_teacher_never_uses_the_gold(retriever):
+    """The old teacher searched a positive title / the gold and answered the gold; this one
+    searches the question, answers what it opened, and E.2 rejects the episode."""
+    example = QAExample("qx", "What is the capital of France?", ("Danube",), positive_titles=("Danube",))
+    for expand in ("random", "positives"):
+        (record,) = collect([example], retriever, expand=expand)
+        actions = model_actions(record)
+        queries = [a.query for a in actions if hasattr(a, "query")]
+        assert queries[0] == example.question and "Danube" not in queries
+        assert actions[-1].answer != "Danube" and "Danube" not in record["text"].split("Question:")[-1]
+        assert (record["accepted"], record["reason"]) == (False, "wrong_answer")
+    (opened_nothing,) = collect([example], retriever, expand="random", random_expand=0, second_search=False)
+    assert model_actions(opened_nothing)[-1].answer == scripted_teacher.UNKNOWN_ANSWER
 
 
 def test_scripted_teacher_random_mode_opens_non_positives(retriever, examples):
-    records = trajectories.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random",
-                                   random_expand=2)
-    assert all(r["accepted"] for r in records)
+    records = collect(examples * 3, retriever, random_expand=2)
     opened = [s for r in records for s in r["summary"]["searches"]]
     assert all(len(s["expanded"]) == 2 for s in opened)
     assert sum(r["summary"]["negatives_opened"] for r in records) > 0
+    for record in records:  # every answer is the first title of the last reading
+        last = record["summary"]["searches"][-1]
+        assert record["summary"]["answer"] == last["titles"][last["expanded"][0] - 1]
+        assert record["reason"] == ("correct" if record["summary"]["metrics"]["em"] == 1.0 else "gold_observed")
+    assert {r["reason"] for r in records} == {"correct", "gold_observed"}  # random reading is not always right
     # Random choices, seeded per example: the same call gives the same trajectories.
-    again = trajectories.collect_scripted(examples * 3, retriever, EnvConfig(), num_envs=4, seed=1, expand="random")
+    again = collect(examples * 3, retriever)
     assert [r["text"] for r in again] == [r["text"] for r in records]
-
-
-def test_scripted_teacher_searches_positive_title_when_not_shown(retriever):
-    example = QAExample("qx", "What is the capital of France?", ("Danube",), positive_titles=("Danube",))
-    (record,) = trajectories.collect_scripted([example], retriever, EnvConfig(), num_envs=1)
-    queries = [a.query for a in model_actions(record) if hasattr(a, "query")]
-    assert queries == [example.question, "Danube"]
-    assert record["summary"]["positives_opened"] == 1 and record["accepted"]
 
 
 def test_method_teacher_converts_traces(retriever, examples):
@@ -185,7 +202,7 @@ def test_train_dev_split_is_deterministic():
 
 def test_layout_matches_rollout(tokenizer, retriever, examples):
     model = tiny_llama(tokenizer).eval()
-    records = trajectories.collect_scripted(examples[:2], retriever, EnvConfig(), num_envs=2, seed=0)
+    records = collect(examples[:2], retriever)
     for record, example in zip(records, examples):
         texts = [s["text"] for s in record["segments"] if s["role"] == "model"]
         backend = ReplayBackend(model, tokenizer, texts)
@@ -214,7 +231,7 @@ def test_layout_matches_rollout(tokenizer, retriever, examples):
 # ------------------------------------------------------------------------------ training
 
 def test_sft_steps_lower_loss_and_dev_eval_keeps_best(tokenizer, retriever, examples, tmp_path):
-    records = trajectories.collect_scripted(examples, retriever, EnvConfig(), num_envs=4, seed=0)
+    records = collect(examples, retriever)
     train, dev = records[:2], records[2:]
     config = sft.WarmStartConfig(output_dir=str(tmp_path / "sft"), epochs=4, learning_rate=3e-3, batch_size=4,
                                  logging_steps=1, warmup_ratio=0.0, eval_max_turn_tokens=6, eval_batch_size=2,
@@ -296,7 +313,7 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     assert stats["accepted"] == 4 and stats["train"] + stats["dev"] == 4
 
 
-def test_cli_config_and_collect_only(retriever, examples, tmp_path, monkeypatch):
+def test_cli_config_and_collect_only(tokenizer, retriever, examples, tmp_path, monkeypatch):
     recipe = tmp_path / "sft.yaml"
     recipe.write_text("model: tiny\nepochs: 5\nteacher_expand: random\n")
     config, args = sft.resolve_config(["--config", str(recipe), "--epochs", "2", "--lora", "true",
@@ -307,7 +324,7 @@ def test_cli_config_and_collect_only(retriever, examples, tmp_path, monkeypatch)
     for bad in (["--no_such_field", "1"], ["--epochs", "two"], ["--teacher", "oracle"]):
         with pytest.raises(SystemExit):
             sft.resolve_config(bad)
-    result = sft.run(config, collect_only=True, retriever=retriever, examples=examples)
+    result = sft.run(config, collect_only=True, retriever=retriever, examples=examples, tokenizer=tokenizer)
     assert result["accepted"] == 4
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == [e.id for e in examples]

@@ -165,7 +165,7 @@ def test_rollout_engine_config(tmp_path):
                                   "--vllm.engine_kwargs.max_num_seqs", "64", "--vllm.enforce_eager"])
     assert cfg.rollout_engine == "vllm" and cfg.vllm.gpu_memory_utilization == 0.5
     assert cfg.vllm.engine_kwargs == {"max_num_seqs": 64} and cfg.vllm.enforce_eager is True
-    paper = load_config(PPOConfig, ["--config", "configs/ppo/seeds_r1_qwen2.5_7b.yaml"])
+    paper = load_config(PPOConfig, ["--config", "configs/ppo/seeds_r1_qwen2.5_7b.yaml", "--sft_checkpoint", "sft"])
     assert paper.rollout_engine == "vllm" and 0 < paper.vllm.gpu_memory_utilization < 0.5
     assert load_config(PPOConfig, ["--config", "configs/ppo/default.yaml"]).rollout_engine == "hf"
 

@@ -4,13 +4,13 @@ Three stages, each usable alone:
 
 1. **Collect** trajectories in the SEEDS-R1 protocol (one JSONL record per episode):
 
-   - the *scripted teacher* (:func:`collect_scripted`): gold-guided, no LLM. It searches the
-     question (and, when no positive was among the candidates, a positive's title or the gold
-     answer), expands either the positives among the candidates (``teacher_expand="positives"``,
-     plus ``teacher_extra_expand`` random others) or random candidates
-     (``teacher_expand="random"``: the warm start then teaches the protocol but not WHICH
-     candidates to open, leaving that to PPO), and answers with the gold answer; short
-     templated ``<think>`` texts precede each action. Runs through :class:`SearchVectorEnv`.
+   - the *scripted teacher* (:mod:`training.scripted_teacher`), no LLM, which never uses the
+     gold answer: it searches the question (later, only a title it was shown), opens random
+     candidates (``teacher_expand="random"``, the default: the protocol is taught, WHICH
+     candidates to open is left to PPO; ``"positives"`` opens the gold-labelled positives and is
+     gold-guided) and answers by a reader rule over what it opened (``teacher_reader``,
+     default ``first_title``; ``unknown`` when it opened nothing). Short templated ``<think>``
+     texts precede each action. Runs through :class:`SearchVectorEnv`.
    - the *method teacher* (:func:`collect_with_method`): a registered method (``seeds-react``
      or ``seeds-r1``, whose env actions are the SEEDS-R1 protocol) behind any backend spec, run by
      :mod:`methods.runner`; its env traces are rewritten as SEEDS-R1 trajectories.
@@ -18,7 +18,9 @@ Three stages, each usable alone:
 2. **Filter and split**: :func:`acceptance` keeps an episode when the protocol was followed (no
    invalid action, every search followed by an expand, ended with an answer) AND the answer is
    exactly right or a gold answer appeared in some observation; :func:`split_train_dev` makes a
-   seeded 90/10 split.
+   seeded 90/10 split. With ``target_accepted`` the collection stops once that many are
+   accepted (:func:`training.sft_collect.collect_until_accepted`). The acceptance rate is
+   printed and written to ``acceptance.json`` and ``sft_summary.json``.
 
 3. **Train** (:func:`train_sft`): every record becomes ``input_ids`` + ``labels`` in the exact
    token layout of :mod:`training.rollout` (:func:`tokenize_trajectory`): prompt ids from
@@ -29,7 +31,9 @@ Three stages, each usable alone:
    questions (:func:`training.rollout.collect_rollouts`) and saves it when its dev EM is the
    best so far; the best one is returned as a Hugging Face folder (LoRA merged on request).
 
-Collection, acceptance, the split and the token layout live in :mod:`training.trajectories`.
+Acceptance, the split and the token layout live in :mod:`training.trajectories`; the
+collection stage in :mod:`training.sft_collect`; the settings in :mod:`training.sft_config`.
+Every env built for the warm start counts observation caps in the policy's tokens.
 Observation segments hold the env's observation as returned; the ``"\\n"`` around it is added
 by the layout. Entry points: :func:`warm_start` (used by the PPO trainer), :func:`run` and the
 CLI (``python -m training.sft --config configs/sft/default.yaml`` or through
@@ -45,7 +49,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,110 +60,22 @@ import yaml
 from envs.atomic import write_jsonl_atomic, write_text_atomic
 from envs.config import EnvConfig
 from envs.types import QAExample
-from training.trajectories import (
-    TEACHER_EXPAND_MODES,
-    acceptance,
-    collect_scripted,
-    collect_with_method,
-    example_of,
-    sft_rows,
-    split_train_dev,
+from training.sft_collect import (
+    acceptance_line,
+    acceptance_stats,
+    collect,
+    collect_until_accepted,
+    load_retriever,
+    read_jsonl,
 )
+from training.sft_config import WarmStartConfig
+from training.trajectories import acceptance, example_of, seeds_r1_prompt_fn, sft_rows, split_train_dev
 
 log = logging.getLogger("training.sft")
 
+__all__ = ["WarmStartConfig", "acceptance_stats", "collect", "collect_until_accepted", "load_retriever",
+           "read_jsonl", "run", "train_sft", "warm_start"]
 
-
-# ================================================================================ configuration
-
-@dataclass
-class WarmStartConfig:
-    """Everything one warm start needs; loadable from YAML (:meth:`from_yaml`), CLI overrides on top."""
-
-    # model
-    model: str = "gemma3-270m"  # spec for inference.models (packaged name, HF folder, cached hub id)
-    dtype: str = "auto"  # float32 on CPU, bf16 on CUDA when supported
-    device: str = "auto"
-    output_dir: str = "runs/sft"
-    seed: int = 0
-    # data
-    data: str | None = None  # QA spec for envs.data.load_qa; None: the embedded default questions
-    split: str = "train"
-    num_questions: int = 200  # default questions generated (or the limit for `data`)
-    question_seed: int = 1000  # seed of the generated questions (keep it apart from evaluation's seed 0)
-    index: str | None = None  # retriever folder; None: the embedded default retriever
-    corpus: str | None = None
-    retriever: str | None = None  # retrieval server URL (python -m envs.server) to use instead of `index`
-    env: dict = field(default_factory=dict)  # EnvConfig overrides (defaults = SEEDS-R1 limits)
-    # teacher
-    teacher: str = "scripted"  # "scripted" or "method"
-    teacher_expand: str = "positives"  # scripted: "positives" (+ extra random) or "random"
-    teacher_extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
-    teacher_random_expand: int = 2  # scripted, random mode: candidates opened per snapshot
-    teacher_second_search: bool = True  # scripted: search a positive's title when no positive was shown
-    teacher_think: bool = True  # scripted: a short <think> before every action
-    teacher_method: str = "seeds-react"  # method teacher: registered method name
-    teacher_llm: str = "openai:default"  # method teacher: backend spec (inference.backends.load_backend)
-    teacher_llm_options: dict = field(default_factory=dict)
-    teacher_method_options: dict = field(default_factory=dict)  # merged over the SEEDS-R1 limits
-    teacher_concurrency: int = 32
-    num_envs: int = 16  # batched env slots (scripted teacher, dev evaluation)
-    trajectories: str | None = None  # train from this JSONL instead of collecting
-    dev_fraction: float = 0.1
-    # training
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: Any = "all-linear"
-    merge_lora: bool = True  # save the best model with the adapter merged in (else the adapter folder)
-    epochs: int = 3
-    learning_rate: float = 1e-5
-    batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    warmup_ratio: float = 0.05  # fraction of the steps (TrainingArguments.warmup_steps as a float < 1)
-    weight_decay: float = 0.0
-    max_length: int = 4096  # longer trajectories are dropped (never cut: the answer is at the end)
-    gradient_checkpointing: bool = False
-    logging_steps: int = 5
-    report_to: str = "none"
-    progress: bool = True  # the Trainer's progress bar
-    # dev evaluation (greedy SEEDS-R1 rollouts after each epoch; best checkpoint kept)
-    dev_eval: bool = True
-    dev_limit: int | None = 100
-    eval_before: bool = True  # also measure the model before training (logged, never selected)
-    eval_max_turn_tokens: int = 256
-    eval_max_context_tokens: int = 4096
-    eval_batch_size: int = 16
-
-    def __post_init__(self) -> None:
-        if self.teacher not in ("scripted", "method"):
-            raise ValueError(f"teacher must be 'scripted' or 'method', not {self.teacher!r}")
-        if self.teacher_expand not in TEACHER_EXPAND_MODES:
-            raise ValueError(f"teacher_expand must be one of {TEACHER_EXPAND_MODES}, not {self.teacher_expand!r}")
-        if not 0.0 <= self.dev_fraction < 1.0:
-            raise ValueError("dev_fraction must lie in [0, 1)")
-
-    @classmethod
-    def from_dict(cls, values: dict) -> WarmStartConfig:
-        values = {k.replace("-", "_"): v for k, v in (values or {}).items()}
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown warm-start config keys: {sorted(unknown)}")
-        return cls(**values)
-
-    @classmethod
-    def from_yaml(cls, path: str | Path, overrides: dict | None = None) -> WarmStartConfig:
-        values = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(values, dict):
-            raise TypeError(f"{path}: expected a mapping of warm-start settings")
-        return cls.from_dict({**values, **(overrides or {})})
-
-    def env_config(self) -> EnvConfig:
-        return EnvConfig.from_dict(self.env) if self.env else EnvConfig()
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 # ================================================================================ records
@@ -177,11 +92,12 @@ def dev_em(model: Any, tokenizer: Any, examples: Sequence[QAExample], retriever:
     model.eval()
     try:
         backend = HFBackend(model, tokenizer, max_batch_size=num_envs)
-        venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples))),
-                               config=env_config or EnvConfig(), tokenizer=tokenizer)
+        env_config = env_config or EnvConfig()
+        venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples))), config=env_config,
+                               tokenizer=tokenizer)
         config = RolloutConfig(max_turn_tokens=max_turn_tokens, max_context_tokens=max_context_tokens,
                                temperature=0.0, seed=seed)
-        episodes = collect_rollouts(backend, venv, examples, config)
+        episodes = collect_rollouts(backend, venv, examples, config, prompt_fn=seeds_r1_prompt_fn(env_config))
     finally:
         model.train(was_training)
     return rollout_stats(episodes)
@@ -248,13 +164,14 @@ def _load_for_training(config: WarmStartConfig) -> tuple[Any, Any]:
 
 
 def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config: WarmStartConfig,
-              model: Any = None, tokenizer: Any = None, retriever: Any = None) -> dict:
+              model: Any = None, tokenizer: Any = None, retriever: Any = None, collection: dict | None = None) -> dict:
     """SFT on accepted ``train_records``; dev EM after each epoch on ``dev_records``' questions.
 
     ``model``/``tokenizer``: an already loaded model (default: ``config.model``). ``retriever``
     is needed for the dev evaluation (skipped without one, or with ``dev_eval=False`` or no
     dev records; the final model is saved then). Returns ``{"model_dir", "best_epoch",
     "best_dev_em", "history", "train_loss"}``; ``model_dir`` is a Hugging Face folder.
+    ``collection``: the collection's statistics (acceptance rate ...), kept in ``sft_summary.json``.
     """
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -297,6 +214,7 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
         "log_history": trainer.state.log_history,
         "train_examples": len(rows),
         "dev_questions": len(dev_examples),
+        "collection": collection or {},
     }
     write_text_atomic(json.dumps(summary, indent=2, default=str), out / "sft_summary.json")
     return summary
@@ -412,43 +330,10 @@ def load_examples(config: WarmStartConfig) -> list[QAExample]:
     return generate_default_questions(config.num_questions, seed=config.question_seed)
 
 
-def load_retriever(config: WarmStartConfig) -> Any:
-    from envs.defaults import open_retriever
+def load_policy_tokenizer(config: WarmStartConfig) -> Any:
+    from inference.models import load_tokenizer
 
-    if config.retriever:
-        return open_retriever(config.retriever)
-    return open_retriever(config.index, corpus=config.corpus)
-
-
-def collect(config: WarmStartConfig, examples: Sequence[QAExample], retriever: Any, tokenizer: Any = None,
-            llm: Any = None) -> list[dict]:
-    """Trajectories of the configured teacher (unfiltered; ``accepted`` / ``reason`` set)."""
-    if config.teacher == "scripted":
-        return collect_scripted(examples, retriever, config.env_config(), num_envs=config.num_envs, seed=config.seed,
-                                expand=config.teacher_expand, extra_expand=config.teacher_extra_expand,
-                                random_expand=config.teacher_random_expand,
-                                second_search=config.teacher_second_search, think=config.teacher_think,
-                                tokenizer=tokenizer)
-    if llm is None:
-        from inference.backends import load_backend
-
-        llm = load_backend(config.teacher_llm, **config.teacher_llm_options)
-    return collect_with_method(examples, retriever, config.teacher_method, llm, config.env_config(),
-                               config.teacher_method_options, concurrency=config.teacher_concurrency, seed=config.seed)
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
-def acceptance_stats(records: Sequence[dict]) -> dict:
-    reasons: dict[str, int] = {}
-    for r in records:
-        reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
-    n = len(records)
-    return {"trajectories": n, "accepted": sum(r["accepted"] for r in records),
-            "acceptance_rate": sum(r["accepted"] for r in records) / n if n else 0.0, "reasons": reasons}
+    return load_tokenizer(config.model)
 
 
 def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = None, model: Any = None,
@@ -456,8 +341,11 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
     """The whole warm start: collect (or read ``config.trajectories``), filter, split, train.
 
     Writes into ``output_dir``: ``config.yaml`` (resolved), ``trajectories.jsonl`` (all, with the
-    acceptance verdicts), ``train.jsonl`` / ``dev.jsonl`` (accepted, split), ``acceptance.json``,
-    then the model (``model/``; ``adapter/`` too with LoRA) and ``sft_summary.json``.
+    acceptance verdicts), ``train.jsonl`` / ``dev.jsonl`` (accepted, split), ``acceptance.json``
+    (acceptance rate, rejection reasons, questions used, whether ``target_accepted`` was reached),
+    then the model (``model/``; ``adapter/`` too with LoRA) and ``sft_summary.json``. The envs of
+    the collection count observation caps in the policy's tokens (``tokenizer``, else
+    ``config.model``'s).
     """
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -466,26 +354,27 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
         records = read_jsonl(config.trajectories)
         for record in records:  # re-judge with this code's filter
             record["accepted"], record["reason"] = acceptance(record)
+        progress: dict = {"trajectories_file": config.trajectories}
     else:
         retriever = retriever if retriever is not None else load_retriever(config)
         examples = list(examples) if examples is not None else load_examples(config)
+        policy_tokenizer = tokenizer if tokenizer is not None else load_policy_tokenizer(config)
         started = time.perf_counter()
-        records = collect(config, examples, retriever, tokenizer=None, llm=llm)
+        records, progress = collect_until_accepted(config, examples, retriever, tokenizer=policy_tokenizer, llm=llm)
         log.info("collected %d trajectories in %.1fs", len(records), time.perf_counter() - started)
         write_jsonl_atomic(records, out / "trajectories.jsonl")
-    stats = acceptance_stats(records)
-    accepted = [r for r in records if r["accepted"]]
-    train, dev = split_train_dev(accepted, config.dev_fraction, config.seed)
+    stats = {**acceptance_stats(records), **progress}
+    train, dev = split_train_dev([r for r in records if r["accepted"]], config.dev_fraction, config.seed)
     write_jsonl_atomic(train, out / "train.jsonl")
     write_jsonl_atomic(dev, out / "dev.jsonl")
     stats.update(train=len(train), dev=len(dev))
     write_text_atomic(json.dumps(stats, indent=2), out / "acceptance.json")
-    log.info("acceptance: %s", stats)
+    print(acceptance_line(stats), flush=True)
     if collect_only:
         return {"trajectories": str(out / "trajectories.jsonl"), **stats}
     if retriever is None and config.dev_eval and dev:
         retriever = load_retriever(config)
-    summary = train_sft(train, dev, config, model=model, tokenizer=tokenizer, retriever=retriever)
+    summary = train_sft(train, dev, config, model=model, tokenizer=tokenizer, retriever=retriever, collection=stats)
     return {**summary, **stats}
 
 

@@ -8,9 +8,8 @@ Trajectory record (``trajectories.jsonl``)::
      "text": prompt + model texts + "\\n" + observation + "\\n" ... (the decoded layout, no EOS),
      "ended_with_answer": bool, "summary": the env's episode summary, "accepted", "reason"}
 
-- the *scripted teacher* (:func:`collect_scripted`): gold-guided, no LLM; expands the positives
-  (``expand="positives"``) or random candidates (``expand="random"``: teaches the protocol but
-  not which candidates to open);
+- the *scripted teacher* lives in :mod:`training.scripted_teacher` (no LLM; queries and answers
+  only from what it was shown and opened);
 - the *method teacher* (:func:`collect_with_method`): ``seeds-react`` or ``seeds-r1`` behind any
   backend, its env traces rewritten as SEEDS-R1 trajectories;
 - :func:`acceptance` (SEEDS-R1 E.2) and :func:`split_train_dev` (seeded, by question id);
@@ -20,30 +19,21 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs.config import EnvConfig
-from envs.metrics import answer_bearing, normalize_answer
-from envs.protocol import (
-    AnswerAction,
-    ExpandAction,
-    SearchAction,
-    format_answer,
-    format_expand,
-    format_search,
-    parse_action,
-)
+from envs.metrics import answer_bearing
+from envs.protocol import AnswerAction, ExpandAction, SearchAction, parse_action
 from envs.types import QAExample
 
-TEACHER_EXPAND_MODES = ("positives", "random")
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
 
 log = logging.getLogger("training.trajectories")
 
 
-def _record(example: QAExample, teacher: str, prompt: str, turns: list[tuple[str, str]], summary: dict,
+def make_record(example: QAExample, teacher: str, prompt: str, turns: list[tuple[str, str]], summary: dict,
             ended_with_answer: bool) -> dict:
     """A trajectory record; ``turns`` are ``(role, text)`` after the prompt."""
     segments = [{"role": "prompt", "text": prompt}] + [{"role": r, "text": t} for r, t in turns]
@@ -74,10 +64,18 @@ def example_of(record: dict) -> QAExample:
     return example_from_record(record["example"], record["id"])
 
 
-def seeds_r1_prompt(question: str) -> str:
-    from training.rollout import default_prompt_fn
+def seeds_r1_prompt_fn(env_config: EnvConfig | None = None) -> Callable[[str], str]:
+    """The SEEDS-R1 prompt stating ``env_config``'s limits and expand form, exactly as the PPO
+    trainer prompts the policy in that env (``training.ppo.prompt_fn_for``)."""
+    from methods.seeds import SeedsR1
 
-    return default_prompt_fn()(question)
+    config = env_config or EnvConfig()
+    return SeedsR1(k=config.top_k, max_expand=config.max_expand, max_searches=config.max_searches,
+                   max_actions=config.max_actions, expand_form=config.expand_form).prompt
+
+
+def seeds_r1_prompt(question: str, env_config: EnvConfig | None = None) -> str:
+    return seeds_r1_prompt_fn(env_config)(question)
 
 
 # ================================================================================ acceptance
@@ -123,132 +121,17 @@ def split_train_dev(records: Sequence[dict], dev_fraction: float = 0.1, seed: in
     return [r for r in records if r["id"] not in dev_ids], [r for r in records if r["id"] in dev_ids]
 
 
-# ================================================================================ scripted teacher
-
-_THINK = {
-    "search": "I need facts I do not have yet, so I will search for them.",
-    "expand": "Candidates {ids} look worth reading in full.",
-    "expand_none": "None of these candidates looks useful.",
-    "search_again": "The candidates miss the subject; I will search for {query} instead.",
-    "answer": "The passages I read are enough to answer.",
-}
-
-
-def _think(text: str, enabled: bool) -> str:
-    return f"<think>{text}</think>\n" if enabled else ""
-
-
-class ScriptedTeacher:
-    """Gold-guided policy state for one episode; :meth:`act` gets the env's last info."""
-
-    def __init__(self, example: QAExample, env_config: EnvConfig, expand: str = "positives", extra_expand: int = 0,
-                 random_expand: int = 2, second_search: bool = True, think: bool = True,
-                 rng: random.Random | None = None):
-        if expand not in TEACHER_EXPAND_MODES:
-            raise ValueError(f"expand must be one of {TEACHER_EXPAND_MODES}")
-        self.example, self.config = example, env_config
-        self.expand_mode, self.extra_expand, self.random_expand = expand, extra_expand, random_expand
-        self.second_search, self.think = second_search, think
-        self.rng = rng or random.Random(0)
-        self.searched: list[str] = []
-        self.shown_titles: set[str] = set()
-
-    def first(self) -> str:
-        self.searched.append(self.example.question)
-        return _think(_THINK["search"], self.think) + format_search(self.example.question)
-
-    def act(self, info: dict) -> str:
-        """The next action after an env step whose info was ``info``."""
-        search = info.get("search")
-        if info.get("action") == "search" and search is not None and search["ids"]:
-            return self._expand(search)
-        return self._after_information(search)
-
-    def _expand(self, search: dict) -> str:
-        n = len(search["ids"])
-        self.shown_titles.update(normalize_answer(t) for t in search["titles"])
-        limit = self.config.max_expand
-        if self.expand_mode == "positives":
-            chosen = [i + 1 for i in range(n) if search["positive"][i]][:limit]
-            others = [i + 1 for i in range(n) if not search["positive"][i]]
-            extra = self.rng.sample(others, min(self.extra_expand, len(others), max(0, limit - len(chosen))))
-            chosen = sorted(chosen + extra)
-        else:
-            chosen = sorted(self.rng.sample(range(1, n + 1), min(self.random_expand, n, limit)))
-        self._found_positive = any(search["positive"])
-        if not chosen:
-            return _think(_THINK["expand_none"], self.think) + format_expand([])
-        return _think(_THINK["expand"].format(ids=", ".join(map(str, chosen))), self.think) + format_expand(chosen)
-
-    def _after_information(self, search: dict | None) -> str:
-        found = getattr(self, "_found_positive", True)
-        if self.second_search and not found and len(self.searched) < self.config.max_searches:
-            query = self._second_query()
-            if query is not None:
-                self.searched.append(query)
-                return _think(_THINK["search_again"].format(query=query), self.think) + format_search(query)
-        return _think(_THINK["answer"], self.think) + format_answer(self.example.golden_answers[0])
-
-    def _second_query(self) -> str | None:
-        seen = {normalize_answer(q) for q in self.searched}
-        options = [t for t in self.example.positive_titles if normalize_answer(t) not in self.shown_titles]
-        options += list(self.example.golden_answers)
-        for query in options:
-            if normalize_answer(query) and normalize_answer(query) not in seen:
-                return query
-        return None
-
-
-def collect_scripted(examples: Sequence[QAExample], retriever: Any, env_config: EnvConfig | None = None,
-                     num_envs: int = 16, seed: int = 0, expand: str = "positives", extra_expand: int = 0,
-                     random_expand: int = 2, second_search: bool = True, think: bool = True,
-                     tokenizer: Any | None = None) -> list[dict]:
-    """One scripted-teacher trajectory per example, ``num_envs`` episodes per env step."""
-    from envs.vector_env import SearchVectorEnv
-
-    env_config = env_config or EnvConfig()
-    venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples) or 1)), config=env_config,
-                           tokenizer=tokenizer)
-    teacher_name = f"scripted:{expand}"
-    records: list[dict] = []
-    for start in range(0, len(examples), venv.num_envs):
-        batch = list(examples[start:start + venv.num_envs])
-        n = len(batch)
-        padded = batch + [batch[0]] * (venv.num_envs - n)
-        venv.reset(seed=seed + start, examples=padded)
-        teachers = [ScriptedTeacher(ex, env_config, expand, extra_expand, random_expand, second_search, think,
-                                    random.Random(f"{seed}:{ex.id}")) for ex in batch]
-        turns: list[list[tuple[str, str]]] = [[] for _ in batch]
-        pending: list[str | None] = [t.first() for t in teachers] + [None] * (venv.num_envs - n)
-        summaries: list[dict | None] = [None] * n
-        answered = [False] * n
-        while any(a is not None for a in pending):
-            observations, _, terminated, truncated, infos = venv.step(pending)
-            following: list[str | None] = [None] * venv.num_envs
-            for k in range(n):
-                if pending[k] is None:
-                    continue
-                turns[k].append(("model", pending[k]))
-                if terminated[k] or truncated[k]:
-                    summaries[k] = infos[k]["episode"]
-                    answered[k] = bool(terminated[k])
-                    continue
-                turns[k].append(("observation", observations[k]))
-                following[k] = teachers[k].act(infos[k])
-            pending = following
-        for k, example in enumerate(batch):
-            records.append(_record(example, teacher_name, seeds_r1_prompt(example.question), turns[k], summaries[k],
-                                   answered[k]))
-    return records
-
+# ================================================================================ replay
 
 def play_actions(example: QAExample, model_texts: Sequence[str], retriever: Any, env_config: EnvConfig | None = None,
-                 teacher: str = "replay", seed: int = 0) -> dict:
+                 teacher: str = "replay", seed: int = 0, tokenizer: Any | None = None) -> dict:
     """The trajectory record of fixed model turns played in a fresh :class:`SearchEnv` (stops when
-    the env ends the episode; turns left over are ignored). For hand-written demonstrations and tests."""
+    the env ends the episode; turns left over are ignored). For hand-written demonstrations and tests.
+    ``tokenizer``: the policy's, so observation caps count its tokens (None: words)."""
     from envs.search_env import SearchEnv
 
-    env = SearchEnv(retriever, None, env_config or EnvConfig())
+    env_config = env_config or EnvConfig()
+    env = SearchEnv(retriever, None, env_config, tokenizer=tokenizer)
     env.reset(seed=seed, options={"example": example})
     turns: list[tuple[str, str]] = []
     summary, answered = None, False
@@ -261,7 +144,7 @@ def play_actions(example: QAExample, model_texts: Sequence[str], retriever: Any,
         turns.append(("observation", observation))
     if summary is None:
         summary = env.summary()
-    return _record(example, teacher, seeds_r1_prompt(example.question), turns, summary, answered)
+    return make_record(example, teacher, seeds_r1_prompt(example.question, env_config), turns, summary, answered)
 
 
 # ================================================================================ method teacher
@@ -277,13 +160,14 @@ def method_teacher(name: str, options: dict | None = None):
     return methods.base.get(name, **{**limits, **(options or {})})
 
 
-def record_from_method(result: dict, example: QAExample, teacher: str) -> dict:
+def record_from_method(result: dict, example: QAExample, teacher: str, env_config: EnvConfig | None = None) -> dict:
     """A runner prediction record (with its trace) as a SEEDS-R1 trajectory.
 
     Each env step becomes one model segment and (unless it ended the episode) one observation.
     The model segment is the LLM turn that produced the action (its reasoning included) when
     the step followed one; a step the method made itself (a forced ``<expand>none</expand>``,
-    a cleaned forced answer) appears as the action text.
+    a cleaned forced answer) appears as the action text. The prompt is the SEEDS-R1 prompt of
+    ``env_config`` (the env the teacher ran in).
     """
     turns: list[tuple[str, str]] = []
     last_output: str | None = None
@@ -309,14 +193,19 @@ def record_from_method(result: dict, example: QAExample, teacher: str) -> dict:
     }
     if turns and turns[-1][0] == "observation":  # the env ended the episode without an answer
         turns.pop()
-    return _record(example, teacher, seeds_r1_prompt(example.question), turns, summary, finished_with_answer)
+    return make_record(example, teacher, seeds_r1_prompt(example.question, env_config), turns, summary,
+                   finished_with_answer)
 
 
 def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: str, llm: Any,
                         env_config: EnvConfig | None = None, method_options: dict | None = None,
-                        concurrency: int = 32, seed: int = 0) -> list[dict]:
+                        concurrency: int = 32, seed: int = 0, tokenizer: Any | None = None) -> list[dict]:
     """Run ``method`` (an instance is built from its name) with backend ``llm`` (an ``LLMBackend`` or a
-    spec) over ``examples`` through :mod:`methods.runner`, and convert every record."""
+    spec) over ``examples`` through :mod:`methods.runner`, and convert every record.
+
+    ``tokenizer``: the POLICY's tokenizer; the env counts observation caps in its tokens (not the
+    teacher's), so the observations are the ones the policy will see.
+    """
     from methods.runner import run_questions_sync
 
     teacher = method_teacher(method, method_options)
@@ -324,9 +213,11 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
         from inference.backends import load_backend
 
         llm = load_backend(llm)
-    results = run_questions_sync(teacher, examples, llm, retriever, env_config or EnvConfig(),
-                                 concurrency=concurrency, seed=seed)
-    return [record_from_method(r, ex, f"method:{method}") for r, ex in zip(results, examples)]
+    base = env_config or EnvConfig()
+    results = run_questions_sync(teacher, examples, llm, retriever, base, concurrency=concurrency, seed=seed,
+                                 env_tokenizer=tokenizer)
+    ran_in = teacher.env_config(base)
+    return [record_from_method(r, ex, f"method:{method}", ran_in) for r, ex in zip(results, examples)]
 
 
 # ================================================================================ token layout

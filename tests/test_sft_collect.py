@@ -1,0 +1,129 @@
+"""SFT collection: stop at ``target_accepted`` (scripted and method teachers), the acceptance rate
+printed and stored, the policy's tokenizer in every env, the paper's recipes (the SFT warm start,
+and the 7B PPO recipe refusing to start without its SFT checkpoint). Toy retriever, tiny tokenizer."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from fake_llm import FakeLLM
+
+from envs.search_env import TRUNCATION_MARK
+from envs.types import QAExample
+from tests.tiny_models import tiny_tokenizer
+from training import sft, trajectories
+from training.config import ConfigError, PPOConfig, load_config
+from training.scripted_teacher import collect_scripted
+from training.sft_collect import acceptance_stats, collect_until_accepted
+from training.sft_config import WarmStartConfig
+
+FRANCE = "What is the capital of France?"
+
+
+def mixed_questions() -> list[QAExample]:
+    """Accepted (gold Paris is shown) and rejected (gold never shown) questions, interleaved."""
+    golds = ["Paris", "Kilimanjaro", "Kilimanjaro", "Paris", "Paris", "Kilimanjaro", "Paris", "Kilimanjaro"]
+    return [QAExample(f"m{i}", FRANCE, (gold,)) for i, gold in enumerate(golds)]
+
+
+def scripted_config(tmp_path, **values) -> WarmStartConfig:
+    return WarmStartConfig(output_dir=str(tmp_path / "sft"), model="tiny", num_envs=2, **values)
+
+
+def test_collection_stops_at_target_accepted(retriever, tmp_path):
+    questions = mixed_questions()
+    records, progress = collect_until_accepted(scripted_config(tmp_path, target_accepted=3), questions, retriever)
+    # Chunks of num_envs=2: [m0 m1] 1 accepted, [m2 m3] 2, [m4 m5] 3 -> stop; m5 came after the target.
+    assert [r["id"] for r in records] == ["m0", "m1", "m2", "m3", "m4"]
+    assert [r["accepted"] for r in records] == [True, False, False, True, True]
+    assert progress == {"questions_available": 8, "questions_used": 6, "target_accepted": 3, "target_reached": True,
+                        "dropped_after_target": 1}
+    # Chunking changes nothing: the same episodes as one pass over all questions.
+    whole = collect_scripted(questions, retriever, num_envs=2, seed=0)
+    assert [r["text"] for r in records] == [r["text"] for r in whole[:5]]
+    assert acceptance_stats(records)["acceptance_rate"] == pytest.approx(3 / 5)
+
+
+def test_collection_runs_out_of_questions_with_a_message(retriever, tmp_path, capsys):
+    records, progress = collect_until_accepted(scripted_config(tmp_path, target_accepted=10), mixed_questions(),
+                                               retriever)
+    assert len(records) == 8 and progress["questions_used"] == 8 and not progress["target_reached"]
+    assert "target_accepted=10 not reached" in capsys.readouterr().out
+    everything, progress = collect_until_accepted(scripted_config(tmp_path), mixed_questions(), retriever)
+    assert len(everything) == 8 and progress["target_reached"] and progress["target_accepted"] is None
+
+
+def test_run_logs_and_stores_the_acceptance_rate_and_uses_the_policy_tokenizer(retriever, tmp_path, capsys,
+                                                                              monkeypatch):
+    tokenizer = tiny_tokenizer()
+    loaded = []
+    monkeypatch.setattr(sft, "load_policy_tokenizer", lambda config: loaded.append(config.model) or tokenizer)
+    config = scripted_config(tmp_path, target_accepted=3, env={"max_obs_tokens": 45}, teacher_second_search=False)
+    result = sft.run(config, collect_only=True, retriever=retriever, examples=mixed_questions())
+    assert loaded == ["tiny"]  # no tokenizer given: the policy's (config.model) is loaded for the env
+    stats = json.loads((tmp_path / "sft" / "acceptance.json").read_text())
+    assert stats["acceptance_rate"] == pytest.approx(0.6) and stats["accepted"] == 3 and stats["trajectories"] == 5
+    assert stats["reasons"] == {"correct": 2, "gold_observed": 1, "wrong_answer": 2}
+    assert stats["target_reached"] and stats["train"] + stats["dev"] == 3 and result["acceptance_rate"] == 0.6
+    assert "[sft] E.2 acceptance: 3 of 5 trajectories accepted (rate 0.600" in capsys.readouterr().out
+    lines = (tmp_path / "sft" / "trajectories.jsonl").read_text().splitlines()
+    information = [s["text"] for s in json.loads(lines[0])["segments"] if s["text"].startswith("<information>")]
+    assert TRUNCATION_MARK in information[0]  # 45 policy tokens, not 45 words
+
+
+def respond(prompt: str) -> str:
+    if prompt.rstrip().endswith("</information>"):
+        return "<think>found it</think><answer>Paris</answer>"
+    if prompt.rstrip().endswith("</snapshot>"):
+        return "<expand>1, 2</expand>"
+    return "<think>search</think><search>capital of France</search>"
+
+
+def test_method_teacher_stops_at_target_and_caps_in_policy_tokens(retriever, tmp_path):
+    questions = [QAExample("x0", FRANCE, ("Kilimanjaro",)), QAExample("x1", FRANCE, ("Paris",)),
+                 QAExample("x2", FRANCE, ("Paris",))]
+    config = scripted_config(tmp_path, teacher="method", teacher_llm="fake:unused", teacher_concurrency=1,
+                             target_accepted=1, env={"max_obs_tokens": 45})
+    llm = FakeLLM(respond)
+    records, progress = collect_until_accepted(config, questions, retriever, tokenizer=tiny_tokenizer(), llm=llm)
+    assert [(r["id"], r["reason"]) for r in records] == [("x0", "wrong_answer"), ("x1", "correct")]
+    assert progress["questions_used"] == 2 and progress["target_reached"]
+    information = [s["text"] for s in records[1]["segments"] if s["text"].startswith("<information>")]
+    assert TRUNCATION_MARK in information[0]  # the FakeLLM has no tokenizer: the cap counted the policy's
+    words, _ = collect_until_accepted(dataclasses.replace(config, target_accepted=None), questions[1:2], retriever,
+                                      llm=FakeLLM(respond))
+    assert TRUNCATION_MARK not in [s["text"] for s in words[0]["segments"] if s["text"].startswith("<information>")][0]
+
+
+def test_paper_warm_start_recipe():
+    with pytest.raises(ValueError, match="teacher_llm"):
+        WarmStartConfig.from_yaml("configs/sft/seeds_r1_paper.yaml")
+    with pytest.raises(SystemExit, match="teacher_llm"):
+        sft.resolve_config(["--config", "configs/sft/seeds_r1_paper.yaml"])
+    config, _ = sft.resolve_config(["--config", "configs/sft/seeds_r1_paper.yaml", "--teacher_llm", "vllm:/m/teacher"])
+    assert (config.teacher, config.teacher_method, config.teacher_llm) == ("method", "seeds-react", "vllm:/m/teacher")
+    assert config.target_accepted == 1000 and config.dev_fraction == 0.1 and config.dev_eval
+    assert config.num_questions is None and config.dev_limit is None and not config.lora
+    accepted = [{"id": f"q{i}", "accepted": True} for i in range(1000)]
+    train, dev = trajectories.split_train_dev(accepted, config.dev_fraction, config.seed)
+    assert (len(train), len(dev)) == (900, 100)
+    assert WarmStartConfig(teacher="method", trajectories="t.jsonl").teacher_llm is None  # training from a file
+    with pytest.raises(ValueError, match="target_accepted"):
+        WarmStartConfig(target_accepted=0)
+    with pytest.raises(ValueError, match="num_questions"):
+        WarmStartConfig(num_questions=None)
+    default = WarmStartConfig.from_yaml("configs/sft/default.yaml")
+    assert (default.teacher_expand, default.teacher_reader) == ("random", "first_title")
+
+
+def test_paper_ppo_recipe_requires_the_sft_checkpoint():
+    recipe = ["--config", "configs/ppo/seeds_r1_qwen2.5_7b.yaml"]
+    with pytest.raises(ConfigError, match="configs/sft/seeds_r1_paper.yaml"):
+        load_config(PPOConfig, recipe)
+    cfg = load_config(PPOConfig, recipe + ["--sft_checkpoint", "runs/sft-seeds-r1-paper/model"])
+    assert cfg.require_sft_checkpoint and cfg.sft_checkpoint == "runs/sft-seeds-r1-paper/model"
+    assert not cfg.sft_warm_start
+    assert not PPOConfig().require_sft_checkpoint  # the CPU default still warm-starts itself
+    with pytest.raises(ConfigError, match="require_sft_checkpoint"):
+        PPOConfig(require_sft_checkpoint=True)

@@ -1,0 +1,120 @@
+"""The settings of one SFT warm start (:class:`WarmStartConfig`): YAML recipes in ``configs/sft/``,
+``--key value`` overrides on top (:func:`training.sft.resolve_config`)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envs.config import EnvConfig
+from training.scripted_teacher import ScriptedTeacherConfig
+
+PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
+
+
+@dataclass
+class WarmStartConfig:
+    """Everything one warm start needs; loadable from YAML (:meth:`from_yaml`), CLI overrides on top."""
+
+    # model
+    model: str = "gemma3-270m"  # spec for inference.models (packaged name, HF folder, cached hub id)
+    dtype: str = "auto"  # float32 on CPU, bf16 on CUDA when supported
+    device: str = "auto"
+    output_dir: str = "runs/sft"
+    seed: int = 0
+    # data
+    data: str | None = None  # QA spec for envs.data.load_qa; None: the embedded default questions
+    split: str = "train"
+    num_questions: int | None = 200  # default questions generated, or the limit for `data` (None: all of it)
+    question_seed: int = 1000  # seed of the generated questions (keep it apart from evaluation's seed 0)
+    index: str | None = None  # retriever folder; None: the embedded default retriever
+    corpus: str | None = None
+    retriever: str | None = None  # retrieval server URL (python -m envs.server) to use instead of `index`
+    env: dict = field(default_factory=dict)  # EnvConfig overrides (defaults = SEEDS-R1 limits)
+    # teacher
+    teacher: str = "scripted"  # "scripted" or "method"
+    teacher_expand: str = "random"  # scripted: "random", or the GOLD-GUIDED "positives" (+ extra random)
+    teacher_extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
+    teacher_random_expand: int = 2  # scripted, random mode: candidates opened per snapshot
+    teacher_second_search: bool = True  # scripted: search a shown title when nothing read touches the question
+    teacher_think: bool = True  # scripted: a short <think> before every action
+    teacher_reader: str = "first_title"  # scripted: reader rule over the opened passages (READER_RULES)
+    teacher_method: str = "seeds-react"  # method teacher: registered method name
+    teacher_llm: str | None = None  # method teacher, REQUIRED: backend spec, e.g. vllm:<model>, openai:<served model>
+    teacher_llm_options: dict = field(default_factory=dict)
+    teacher_method_options: dict = field(default_factory=dict)  # merged over the SEEDS-R1 limits
+    teacher_concurrency: int = 32
+    num_envs: int = 16  # batched env slots (scripted teacher, dev evaluation)
+    target_accepted: int | None = None  # collect until this many are accepted (None: one episode per question)
+    trajectories: str | None = None  # train from this JSONL instead of collecting
+    dev_fraction: float = 0.1
+    # training
+    lora: bool = False
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.05
+    lora_target_modules: Any = "all-linear"
+    merge_lora: bool = True  # save the best model with the adapter merged in (else the adapter folder)
+    epochs: int = 3
+    learning_rate: float = 1e-5
+    batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    warmup_ratio: float = 0.05  # fraction of the steps (TrainingArguments.warmup_steps as a float < 1)
+    weight_decay: float = 0.0
+    max_length: int = 4096  # longer trajectories are dropped (never cut: the answer is at the end)
+    gradient_checkpointing: bool = False
+    logging_steps: int = 5
+    report_to: str = "none"
+    progress: bool = True  # the Trainer's progress bar
+    # dev evaluation (greedy SEEDS-R1 rollouts after each epoch; best checkpoint kept)
+    dev_eval: bool = True
+    dev_limit: int | None = 100
+    eval_before: bool = True  # also measure the model before training (logged, never selected)
+    eval_max_turn_tokens: int = 256
+    eval_max_context_tokens: int = 4096
+    eval_batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if self.teacher not in ("scripted", "method"):
+            raise ValueError(f"teacher must be 'scripted' or 'method', not {self.teacher!r}")
+        self.scripted_teacher()  # validates the scripted teacher's settings
+        if self.teacher == "method" and not self.teacher_llm and not self.trajectories:
+            raise ValueError(f"teacher: method needs teacher_llm, the backend spec of the teacher model "
+                             f"(e.g. vllm:/models/<teacher> or openai:<model served at OPENAI_BASE_URL>); "
+                             f"see {PAPER_RECIPE}")
+        if self.target_accepted is not None and self.target_accepted < 1:
+            raise ValueError("target_accepted must be at least 1 (or null)")
+        if self.data is None and (self.num_questions is None or self.num_questions < 1):
+            raise ValueError("num_questions must be at least 1 with the generated default questions (data: null)")
+        if not 0.0 <= self.dev_fraction < 1.0:
+            raise ValueError("dev_fraction must lie in [0, 1)")
+
+    def scripted_teacher(self) -> ScriptedTeacherConfig:
+        return ScriptedTeacherConfig(expand=self.teacher_expand, extra_expand=self.teacher_extra_expand,
+                                     random_expand=self.teacher_random_expand,
+                                     second_search=self.teacher_second_search, think=self.teacher_think,
+                                     reader=self.teacher_reader)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> WarmStartConfig:
+        values = {k.replace("-", "_"): v for k, v in (values or {}).items()}
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown warm-start config keys: {sorted(unknown)}")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: dict | None = None) -> WarmStartConfig:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(values, dict):
+            raise TypeError(f"{path}: expected a mapping of warm-start settings")
+        return cls.from_dict({**values, **(overrides or {})})
+
+    def env_config(self) -> EnvConfig:
+        return EnvConfig.from_dict(self.env) if self.env else EnvConfig()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
