@@ -19,9 +19,12 @@ CLOSING_TAGS = tuple(f"</{tag}>" for tag in ACTION_TAGS)
 _ACTION = re.compile(r"<(search|expand|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
 _OPEN_ONLY = re.compile(r"<(search|expand|answer)>", re.IGNORECASE)
 _ID_SEPARATORS = re.compile(r"[\s,;]+")
-_JUDGEMENT = re.compile(r"\[?(\d+)\]?\s*[:=\-]?\s*(yes|no)\b", re.IGNORECASE)
-_JUDGEMENT_BODY = re.compile(r"^(?:[\s,;.]*\[?\d+\]?\s*[:=\-]?\s*(?:yes|no)\b)+[\s,;.]*$", re.IGNORECASE)
+_JUDGEMENT = re.compile(r"\[?(\d+)\]?\s*[:=\-]?\s*([^\s\[\],;]+)")
+_JUDGEMENT_BODY = re.compile(r"^(?:[\s,;.]*\[\d+\]\s*[:=\-]?\s*[^\s\[\],;]+)+[\s,;.]*$|"
+                             r"^(?:[\s,;.]*\d+\s*[:=\-]?\s*(?:yes|no)\b)+[\s,;.]*$", re.IGNORECASE)
+_VERDICTS = {"yes": True, "no": False}
 EXPAND_FORMS = ("list", "judge")
+_SNAPSHOT_LINE = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,10 @@ def _parse_judgements(body: str, raw: str) -> Action:
         value = int(number)
         if value in judged:
             return InvalidAction(f"candidate {value} is judged twice", raw)
+        if verdict.lower().strip(".!") not in _VERDICTS:
+            return InvalidAction(f"candidate {value} must be judged yes or no, not {verdict!r}", raw)
         judged.append(value)
-        if verdict.lower() == "yes":
+        if _VERDICTS[verdict.lower().strip(".!")]:
             opened.append(value)
     return ExpandAction(ids=tuple(opened), judged=tuple(judged))
 
@@ -119,6 +124,56 @@ def format_expand(ids: list[int] | tuple[int, ...], n_candidates: int | None = N
     if not chosen <= set(range(1, n_candidates + 1)):
         raise ValueError(f"ids {sorted(chosen)} are not all candidates of 1..{n_candidates}")
     return "<expand>" + " ".join(f"[{i}] {'yes' if i in chosen else 'no'}" for i in range(1, n_candidates + 1)) + "</expand>"
+
+
+def judgement_action(words: list[str]) -> str:
+    """The ``<expand>`` action of per-candidate judgement words in order (``[" yes", " no"]`` ->
+    ``<expand>[1] yes [2] no</expand>``); a word other than yes/no stays, so the env refuses it."""
+    return "<expand>" + " ".join(f"[{i}] {w.strip() or '?'}" for i, w in enumerate(words, start=1)) + "</expand>"
+
+
+# Interleaved rendering of a snapshot for the judgement form (SEEDS-R1 with expand_form: judge):
+# in the policy's token stream each candidate is followed by its question and the policy's one-token
+# verdict, so the decision sits right after the preview it is about. Rollouts, evaluation and SFT
+# all render it with these two functions.
+JUDGE_WORDS = (" yes", " no")  # the verdict tokens (index 0 = open)
+JUDGE_QUESTION = "\nRead [{number}]?"
+
+
+def snapshot_candidates(observation: str) -> list[str]:
+    """The candidate lines of a ``<snapshot>`` observation, in order, each without its ``[i] ``.
+
+    A candidate whose text holds line breaks stays whole: a new one starts only at a line ``[n] ``
+    with the next expected number. Not a snapshot, or no candidates: ``[]``.
+    """
+    body = observation.strip()
+    if not body.startswith("<snapshot>"):
+        return []
+    body = body.removeprefix("<snapshot>").removesuffix("</snapshot>").strip()
+    lines: list[str] = []
+    start = None
+    for match in _SNAPSHOT_LINE.finditer(body):
+        if int(match.group(1)) != len(lines) + (start is not None) + 1:
+            continue
+        if start is not None:
+            lines.append(body[start:match.start()].strip())
+        start = match.end()
+    if start is not None:
+        lines.append(body[start:].strip())
+    return lines
+
+
+def judge_chunks(observation: str) -> tuple[list[str], str]:
+    """Text around the verdicts of a snapshot: chunk i shows candidate i and asks about it (a verdict
+    token follows each chunk); then the closing text. ``([], "")`` when nothing is to be judged.
+
+    Concatenated with the verdicts the chunks read ``\n<snapshot>\n[1] Title: preview\nRead [1]? yes``
+    ``\n[2] ...\nRead [2]? no`` ... ``\n</snapshot>\n``.
+    """
+    lines = snapshot_candidates(observation)
+    chunks = [("\n<snapshot>" if i == 1 else "") + f"\n[{i}] {line}" + JUDGE_QUESTION.format(number=i)
+              for i, line in enumerate(lines, start=1)]
+    return chunks, ("\n</snapshot>\n" if chunks else "")
 
 
 def format_answer(answer: str) -> str:

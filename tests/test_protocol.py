@@ -69,3 +69,17 @@ def test_format_expand_judgement_form_round_trips():
     assert parse_action(text) == ExpandAction((1, 3), judged=(1, 2, 3, 4))
     with pytest.raises(ValueError):
         format_expand([5], n_candidates=4, form="judge")
+
+
+def test_judge_chunks_interleave_the_snapshot():
+    from envs.protocol import judge_chunks, judgement_action, snapshot_candidates
+
+    obs = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\nin France\n</snapshot>"
+    assert snapshot_candidates(obs) == ["Paris: capital of France", "Seine: a river\nin France"]
+    chunks, closing = judge_chunks(obs)
+    assert chunks == ["\n<snapshot>\n[1] Paris: capital of France\nRead [1]?", "\n[2] Seine: a river\nin France\nRead [2]?"]
+    assert closing == "\n</snapshot>\n"
+    assert judge_chunks("<information>\nNo passages expanded.\n</information>") == ([], "")
+    assert parse_action(judgement_action([" yes", " no"])) == ExpandAction((1,), judged=(1, 2))
+    bad = parse_action(judgement_action([" yes", " maybe"]))
+    assert isinstance(bad, InvalidAction) and "yes or no" in bad.reason

@@ -180,7 +180,8 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
     from inference.models import ensure_pad_token
 
     ensure_pad_token(tokenizer)
-    rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length)
+    rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length,
+                    expand_form=(config.env or {}).get("expand_form", "list"))
     if not rows:
         raise ValueError("no accepted training trajectories")
     callbacks = []

@@ -222,25 +222,38 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
 
 # ================================================================================ token layout
 
-def tokenize_trajectory(record: dict, tokenizer: Any) -> dict[str, list[int]]:
+def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list") -> dict[str, list[int]]:
     """``input_ids`` and ``loss_mask`` exactly as :func:`training.rollout.collect_rollouts` lays
-    out the same episode (the EOS after an accepted final answer is a trained token)."""
+    out the same episode (the EOS after an accepted final answer is a trained token). With
+    ``expand_form="judge"`` a snapshot followed by its judgement expand is rendered interleaved
+    (:func:`envs.protocol.judge_chunks`): each candidate, then its one-token verdict (trained)."""
     ids: list[int] = []
     mask: list[int] = []
-    for segment in record["segments"]:
+    segments = record["segments"]
+    skip = False
+    for k, segment in enumerate(segments):
         role, text = segment["role"], segment["text"]
+        if skip:
+            skip = False
+            continue
         if role == "prompt":
-            piece = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+            piece, bits = list(tokenizer(text, add_special_tokens=True)["input_ids"]), None
             bit = 0
         elif role == "model":
-            piece, bit = list(tokenizer(text, add_special_tokens=False)["input_ids"]), 1
+            piece, bit, bits = list(tokenizer(text, add_special_tokens=False)["input_ids"]), 1, None
         elif role == "observation":
-            piece, bit = list(tokenizer("\n" + text + "\n", add_special_tokens=False)["input_ids"]), 0
+            verdicts = _judged_verdicts(text, segments[k + 1] if k + 1 < len(segments) else None) \
+                if expand_form == "judge" else None
+            if verdicts:
+                piece, bits = _interleaved(text, verdicts, tokenizer)
+                skip = True  # the expand's text is the verdicts, already laid out
+            else:
+                piece, bit, bits = list(tokenizer("\n" + text + "\n", add_special_tokens=False)["input_ids"]), 0, None
         else:
             raise ValueError(f"unknown segment role {role!r}")
         ids += piece
-        mask += [bit] * len(piece)
-    model_segments = [s for s in record["segments"] if s["role"] == "model"]
+        mask += bits if bits is not None else [bit] * len(piece)
+    model_segments = [s for s in segments if s["role"] == "model"]
     if record.get("ended_with_answer", True) and model_segments and model_segments[-1]["text"].rstrip().endswith(
             "</answer>"):
         if tokenizer.eos_token_id is None:
@@ -248,6 +261,35 @@ def tokenize_trajectory(record: dict, tokenizer: Any) -> dict[str, list[int]]:
         ids.append(tokenizer.eos_token_id)
         mask.append(1)
     return {"input_ids": ids, "loss_mask": mask}
+
+
+def _judged_verdicts(observation: str, following: dict | None) -> list[str] | None:
+    """The verdict words of a snapshot whose next segment is a complete judgement expand, else None."""
+    from envs.protocol import JUDGE_WORDS, ExpandAction, parse_action, snapshot_candidates
+
+    n = len(snapshot_candidates(observation))
+    if not n or following is None or following["role"] != "model":
+        return None
+    action = parse_action(following["text"])
+    if not isinstance(action, ExpandAction) or action.judged != tuple(range(1, n + 1)):
+        return None
+    return [JUDGE_WORDS[0] if i in action.ids else JUDGE_WORDS[1] for i in range(1, n + 1)]
+
+
+def _interleaved(observation: str, verdicts: list[str], tokenizer: Any) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of a snapshot rendered with its verdicts (verdict tokens trained)."""
+    from envs.protocol import judge_chunks
+
+    chunks, closing = judge_chunks(observation)
+    ids: list[int] = []
+    mask: list[int] = []
+    for chunk, verdict in zip(chunks, verdicts):
+        chunk_ids = list(tokenizer(chunk, add_special_tokens=False)["input_ids"])
+        verdict_ids = list(tokenizer(verdict, add_special_tokens=False)["input_ids"])
+        ids += chunk_ids + verdict_ids
+        mask += [0] * len(chunk_ids) + [1] * len(verdict_ids)
+    closing_ids = list(tokenizer(closing, add_special_tokens=False)["input_ids"])
+    return ids + closing_ids, mask + [0] * len(closing_ids)
 
 
 def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, teacher: str = "policy") -> dict:
@@ -276,11 +318,12 @@ def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, te
     return record
 
 
-def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None) -> list[dict]:
+def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
+             expand_form: str = "list") -> list[dict]:
     """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped."""
     rows = []
     for record in records:
-        layout = tokenize_trajectory(record, tokenizer)
+        layout = tokenize_trajectory(record, tokenizer, expand_form)
         if max_length is not None and len(layout["input_ids"]) > max_length:
             log.warning("dropping trajectory %s: %d tokens > max_length %d", record["id"], len(layout["input_ids"]),
                         max_length)
