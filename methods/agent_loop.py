@@ -3,31 +3,57 @@
 The model writes until it closes an action tag (``</search>``, ``</expand>``, ``</answer>``,
 or a method's own tag); the action goes to the env; the observation (or what a method makes
 of it) is appended to the transcript; repeat until the env ends the episode. The env's action
-limit guarantees the loop ends. When only one action is left, the loop opens ``<answer>`` for
-the model so the episode ends with its best answer instead of a truncation (``force_answer``).
+limit guarantees the loop ends.
+
+Forced answer (``force_answer``): when only one action is left (two while the protocol waits for
+an expand: ``<expand>none</expand>`` is then sent first and its observation appended), the loop
+writes ``<answer>`` into the transcript for the model, lets it fill the answer (stop at
+``</answer>``, at most :data:`FORCED_ANSWER_MAX_TOKENS` tokens) and answers with the cleaned text
+(:func:`forced_answer_text`; an empty one ends the episode unanswered), so the episode ends with
+its best answer instead of a truncation. Prompted methods force by default. SEEDS-R1 follows its
+one setting, ``force_answer`` (default :data:`FORCE_ANSWER_DEFAULT`), which training rollouts
+(:class:`training.rollout.RolloutConfig`) honour in exactly this way, with these same pieces.
 """
 from __future__ import annotations
 
 from typing import Awaitable, Callable
 
+from envs.episode import Episode
 from envs.protocol import CLOSING_TAGS
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import clean_answer
 
 ObservationHook = Callable[[StepOutcome, str], Awaitable[str | None]]
 
+FORCE_ANSWER_DEFAULT = False  # SEEDS-R1 (evaluation and training rollouts): no forced answer unless asked
+FORCED_EXPAND_TEXT = "<expand>none</expand>"  # written for the model when a forced answer must close a snapshot
+FORCED_ANSWER_OPENING = "<answer>"  # written for the model; it fills the answer
+FORCED_ANSWER_STOP = "</answer>"
+FORCED_ANSWER_MAX_TOKENS = 32
 
-async def forced_answer(ctx: QuestionContext, transcript, max_tokens: int = 32) -> None:
+
+def must_force_answer(episode: Episode, max_actions: int) -> bool:
+    """Whether the next action must be a forced answer: one action left (two while an expand is due)."""
+    return episode.n_actions >= max_actions - (2 if episode.awaiting_expand else 1)
+
+
+def forced_answer_text(completion_text: str) -> str:
+    """The answer given to the env for a forced answer's completion (``""``: none)."""
+    return " ".join(clean_answer(completion_text.replace(FORCED_ANSWER_STOP, "")).split())
+
+
+async def forced_answer(ctx: QuestionContext, transcript, max_tokens: int = FORCED_ANSWER_MAX_TOKENS) -> None:
     """Open ``<answer>`` in the transcript, let the model fill it, and answer with that."""
     ctx.note("forced_answer")
-    transcript.add_text("<answer>")
-    result = await ctx.generate(transcript.prompt(), stop=("</answer>",), max_tokens=max_tokens, tag="forced_answer")
+    transcript.add_text(FORCED_ANSWER_OPENING)
+    result = await ctx.generate(transcript.prompt(), stop=(FORCED_ANSWER_STOP,), max_tokens=max_tokens,
+                                tag="forced_answer")
     completion = result.completions[0]
     if completion.finish_reason == "error":
         await ctx.give_up("llm_error")
         return
     transcript.add_model(completion)
-    await ctx.answer(clean_answer(completion.text.replace("</answer>", "")))
+    await ctx.answer(forced_answer_text(completion.text))
 
 
 async def run_agent_turns(
@@ -50,10 +76,12 @@ async def run_agent_turns(
     limit = ctx.env.config.max_actions
     while not ctx.done:
         episode = ctx.env.episode
-        if force_answer and episode.n_actions >= limit - (2 if episode.awaiting_expand else 1):
+        if force_answer and must_force_answer(episode, limit):
             if episode.awaiting_expand:  # the protocol wants an expand before the answer
                 outcome = await ctx.expand([])
-                transcript.add_text("<expand>none</expand>")
+                transcript.add_text(FORCED_EXPAND_TEXT)
+                if outcome.done:
+                    return
                 transcript.add_observation(outcome.observation)
             await forced_answer(ctx, transcript)
             return

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from envs.config import EnvConfig
-from methods.agent_loop import run_agent_turns
+from methods.agent_loop import FORCE_ANSWER_DEFAULT, run_agent_turns
 from methods.base import Method, register
 from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
@@ -85,13 +85,19 @@ class SeedsO1(Method):
 @register("seeds-r1")
 @dataclass
 class SeedsR1(Method):
-    """SEEDS-R1 protocol (paper appendix E/F.3): K=5, expand 0-5, 4 searches, 10 actions."""
+    """SEEDS-R1 protocol (paper appendix E/F.3): K=5, expand 0-5, 4 searches, 10 actions.
+
+    ``force_answer``: with one action left, write ``<answer>`` for the model and answer with what
+    it fills in (:mod:`methods.agent_loop`). Training rollouts have the same setting with the same
+    default (:class:`training.rollout.RolloutConfig`); evaluate a checkpoint as it was trained.
+    """
 
     k: int = 5
     max_expand: int = 5
     max_searches: int = 4
     max_actions: int = 10
     max_tokens: int = 512
+    force_answer: bool = FORCE_ANSWER_DEFAULT
     expand_form: str = "list"  # "judge": one yes/no per candidate (EnvConfig.expand_form), as trained
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
@@ -105,4 +111,4 @@ class SeedsR1(Method):
 
     async def run(self, ctx: QuestionContext) -> None:
         transcript = TokenTranscript(self.prompt(ctx.question), ctx.tokenizer)
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer)

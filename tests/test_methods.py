@@ -121,11 +121,22 @@ def test_junk_ids_and_missing_tags_hit_the_limits_then_force_an_answer(name):
             return "<expand>99, banana</expand>"
         return "<search>capital of France" + str(len(prompt)) + "</search>"
 
-    (record,), _, _ = run(name, stubborn)
+    options = {"force_answer": True} if name == "seeds-r1" else {}  # SEEDS-R1 forces only when asked
+    (record,), _, _ = run(name, stubborn, **options)
     config = methods.get(name).env_config(EnvConfig())
     assert record["prediction"] == "Lyon" and record["metrics"]["em"] == 0.0
     assert record["n_searches"] <= config.max_searches
     assert any(e.get("kind") == "forced_answer" for e in record["trace"] if e["type"] == "note")
+
+
+def test_seeds_r1_does_not_force_an_answer_by_default():
+    """As in training rollouts (RolloutConfig.force_answer, same default): the action limit ends it."""
+    def stubborn(prompt: str) -> str:
+        return "<search>capital of France" + str(len(prompt)) + "</search>"
+
+    (record,), _, _ = run("seeds-r1", stubborn)
+    assert record["finish_reason"] == "env_limit" and record["prediction"] is None
+    assert not any(e.get("kind") == "forced_answer" for e in record["trace"] if e["type"] == "note")
 
 
 def test_llm_failure_is_recorded_not_raised():

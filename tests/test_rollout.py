@@ -150,7 +150,7 @@ def check_layout(episode: Episode, tokenizer, model) -> None:
 # ------------------------------------------------------------------------------ tests
 
 def test_scripted_episodes_layout_rewards_and_groups(script_backend, script_lm, tokenizer, retriever, examples):
-    venv = CountingEnv(retriever, num_envs=3, config=EnvConfig())
+    venv = CountingEnv(retriever, tokenizer=tokenizer, num_envs=3, config=EnvConfig())
     config = RolloutConfig(temperature=1.0, samples_per_question=2, seed=7, max_turn_tokens=16)
     episodes = collect_rollouts(script_backend, venv, examples, config)
     assert len(episodes) == 8  # 4 questions x 2 samples, in batches of 3, 3, 2
@@ -180,7 +180,7 @@ def test_scripted_episodes_layout_rewards_and_groups(script_backend, script_lm, 
 
 
 def test_random_policy_sampled_logprobs_align(random_backend, random_lm, tokenizer, retriever, examples):
-    venv = CountingEnv(retriever, num_envs=2, config=EnvConfig(max_actions=4))
+    venv = CountingEnv(retriever, tokenizer=tokenizer, num_envs=2, config=EnvConfig(max_actions=4))
     config = RolloutConfig(temperature=1.0, max_turn_tokens=6, seed=3)
     episodes = collect_rollouts(random_backend, venv, examples[:2], config)
     assert len(episodes) == 2 and [e.group_id for e in episodes] == [0, 1]
@@ -191,14 +191,14 @@ def test_random_policy_sampled_logprobs_align(random_backend, random_lm, tokeniz
         assert 1 <= episode.num_turns <= 4
     assert len(retriever.calls) == venv.retrieval_calls <= venv.steps
     # Same seed, same episodes (per-request generation seeds).
-    again = collect_rollouts(random_backend, SearchVectorEnv(retriever, num_envs=2, config=EnvConfig(max_actions=4)),
-                             examples[:2], config)
+    again_env = SearchVectorEnv(retriever, tokenizer=tokenizer, num_envs=2, config=EnvConfig(max_actions=4))
+    again = collect_rollouts(random_backend, again_env, examples[:2], config)
     assert [e.token_ids for e in again] == [e.token_ids for e in episodes]
 
 
 def test_context_cap_truncates(script_backend, script_lm, tokenizer, retriever, examples):
     prompt_len = len(tokenizer(SeedsR1().prompt(examples[0].question))["input_ids"])
-    venv = SearchVectorEnv(retriever, num_envs=1)
+    venv = SearchVectorEnv(retriever, tokenizer=tokenizer, num_envs=1)
     cap = prompt_len + 8 + 1 + 20  # the first turn fits, the snapshot then leaves no room for another
     config = RolloutConfig(max_turn_tokens=8, max_context_tokens=cap, temperature=0.0)
     (episode,) = collect_rollouts(script_backend, venv, examples[:1], config)
@@ -208,7 +208,8 @@ def test_context_cap_truncates(script_backend, script_lm, tokenizer, retriever, 
     assert episode.info["n_searches"] == 1 and episode.reward == episode.info["reward"]["total"]
     # A prompt that leaves no room for one turn: an episode without model tokens.
     tight = RolloutConfig(max_turn_tokens=8, max_context_tokens=prompt_len + 5, temperature=0.0)
-    (empty,) = collect_rollouts(script_backend, SearchVectorEnv(retriever, num_envs=1), examples[:1], tight)
+    (empty,) = collect_rollouts(script_backend, SearchVectorEnv(retriever, tokenizer=tokenizer, num_envs=1),
+                                examples[:1], tight)
     assert empty.finish_reason == "context_limit" and empty.num_model_tokens == 0
     assert len(empty.token_ids) == empty.prompt_length == prompt_len
 

@@ -1,10 +1,11 @@
 """Tiny models for fast CPU tests: a byte-level BPE tokenizer trained on the SEEDS-R1 prompt and
-the toy corpus (protocol tags as single tokens), and a 2-layer, 64-wide random Llama over it."""
+the toy corpus (protocol tags as single tokens), a 2-layer, 64-wide random Llama over it, and a
+3-layer random Gemma 3 whose first two layers attend through a short sliding window."""
 from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from methods.prompts import r1
 from tests.conftest import PASSAGES
@@ -38,3 +39,17 @@ def tiny_llama(tokenizer, init: float = 0.3, seed: int = 0, context: int = 4096)
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
+
+
+def tiny_gemma3(tokenizer, window: int = 6, init: float = 0.3, seed: int = 0) -> Gemma3ForCausalLM:
+    """Layers: sliding (``window`` tokens), sliding, full attention; so every turn of an episode
+    reaches past the window."""
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], max_position_embeddings=4096,
+        initializer_range=init, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return Gemma3ForCausalLM(config).eval()

@@ -15,41 +15,69 @@ as ``"\\n" + observation + "\\n"`` (``add_special_tokens=False``). A checkpoint 
 episodes is evaluated by ``methods.seeds.SeedsR1`` on exactly the same token layout.
 
 Turn loop (:func:`collect_rollouts`): episodes run in batches of ``venv.num_envs``; every turn
-makes ONE ``backend.generate`` call for all live episodes (token-id prompts, stop strings =
-:data:`envs.protocol.CLOSING_TAGS`) and ONE ``venv.step`` (so at most one retrieval call). The
+makes ONE generation call for all live episodes (token-id prompts, stop strings =
+:data:`envs.protocol.CLOSING_TAGS`) and ONE ``venv.step`` (so at most one retrieval call). On an
+HF backend the call goes through a :class:`~training.rollout_generation.TurnGenerator` that keeps
+each episode's KV cache across turns (``reuse_kv_cache``, default on: only the tokens added since
+the last turn are run; the completions are those ``backend.generate`` gives, up to float noise);
+other backends get ``backend.generate`` every turn (vLLM reuses the prompt by prefix caching). The
 action given to the env is the completion's text (which ends exactly at the stop string; the
 last token may carry a few characters past it, see :mod:`inference.backends.hf`; those tokens
 are kept as sampled). A completion that ran out of tokens (``length``) or ended with the model's
 EOS still goes to the env, which records an invalid action; such an EOS is not in
 ``token_ids`` (the backend contract drops it) and the episode goes on. When the env accepts an
 answer (``terminated``) and the completion ended with ``</answer>``, the tokenizer's EOS id is
-appended as a model token with its log-prob under the sampler (:func:`eos_logprobs`: one
-forward pass on the HF model, or ``prompt_logprobs`` on the vLLM engine).
+appended as a model token with its log-prob under the sampler (:func:`eos_logprobs`: from the
+kept KV cache, one forward pass on the HF model, or ``prompt_logprobs`` on the vLLM engine).
+
+Forced answer (``force_answer``, default off, the same setting and default as
+:class:`methods.seeds.SeedsR1`, with the same pieces from :mod:`methods.agent_loop`): when an
+episode has one action left (two while a snapshot waits for an expand: ``<expand>none</expand>``
+is then stepped in the env for it, and that text and the observation appended), ``<answer>`` is
+appended as prompt tokens (loss mask 0, the turn it opens) and the model fills the answer (stop
+at ``</answer>``, at most 32 tokens whatever ``max_turn_tokens`` is, as in evaluation; the context
+check before it counts those 32 and an EOS); the env gets ``<answer>`` + the cleaned text. An
+empty cleaned answer ends the episode unanswered (``"empty_answer"``), as evaluation does.
 
 Ends (``Episode.finish_reason``): ``"answer"`` (the env terminated on an answer),
 ``"action_limit"`` (the env truncated: too many actions; its last observation is not appended),
 ``"context_limit"`` (the next turn would not fit: ``len(token_ids) + max_turn_tokens + 1 >
 max_context_tokens``, checked before every turn with the pending observation counted; that
-observation is then not appended, as the model never reads it), ``"error"`` (the backend returned an error completion). ``Episode.reward`` is
-the env's total (terminal reward plus format penalties, ``info["episode"]["reward"]["total"]``);
-for ``context_limit`` and ``error`` episodes the env's current summary is used, so the reward
-is the terminal reward the env would give if it truncated there.
+observation is then not appended, as the model never reads it), ``"empty_answer"`` (a forced
+answer with nothing in it), ``"error"`` (the backend returned an error completion).
+``Episode.reward`` is the env's total (terminal reward plus format penalties,
+``info["episode"]["reward"]["total"]``); for ``context_limit``, ``empty_answer`` and ``error``
+episodes the env's current summary is used, so the reward is the terminal reward the env would
+give if it truncated there.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.protocol import CLOSING_TAGS
+from envs.protocol import CLOSING_TAGS, format_answer, format_expand
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.base import GenerationRequest, LLMBackend
+from methods.agent_loop import (
+    FORCE_ANSWER_DEFAULT,
+    FORCED_ANSWER_MAX_TOKENS,
+    FORCED_ANSWER_OPENING,
+    FORCED_ANSWER_STOP,
+    FORCED_EXPAND_TEXT,
+    forced_answer_text,
+    must_force_answer,
+)
+from training.rollout_generation import TurnGenerator, eos_logprobs
+
+__all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
 
 ANSWER_TAG = "</answer>"
-FINISH_REASONS = ("answer", "action_limit", "context_limit", "error")
+FINISH_REASONS = ("answer", "action_limit", "context_limit", "empty_answer", "error")
 
 
 @dataclass
@@ -94,6 +122,8 @@ class RolloutConfig:
     top_k: int = 0
     samples_per_question: int = 1  # n: episodes per question, sharing a group_id (GRPO)
     seed: int | None = None  # env reset seeds and per-request generation seeds
+    force_answer: bool = FORCE_ANSWER_DEFAULT  # one action left: "<answer>" written for the model (SeedsR1's setting)
+    reuse_kv_cache: bool = True  # HF backends: keep each episode's KV cache across turns (training.rollout_generation)
 
     def __post_init__(self) -> None:
         if self.max_turn_tokens < 1 or self.samples_per_question < 1:
@@ -106,99 +136,6 @@ def default_prompt_fn() -> Callable[[str], str]:
     from methods.seeds import SeedsR1
 
     return SeedsR1().prompt
-
-
-# ------------------------------------------------------------------------------ EOS log-probs
-
-def eos_logprobs(backend: LLMBackend, sequences: list[list[int]], eos_id: int, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0) -> list[float]:
-    """Log-prob of ``eos_id`` right after each sequence, as the backend reports sampled tokens.
-
-    HF (a backend with a torch ``model``): one batched, left-padded forward pass, last position
-    only; ``logprobs_mode="raw"`` gives ``log_softmax(logits)[eos]``, ``"processed"`` applies
-    temperature / top-k / top-p like the sampler (``0.0`` when greedy, ``-inf`` if EOS is cut).
-    vLLM (a backend with an ``llm`` engine): the sequence plus EOS is submitted with
-    ``prompt_logprobs=0`` and ``max_tokens=1``; the last prompt position's entry is EOS's
-    log-prob. vLLM computes prompt log-probs from the raw logits, so this matches the default
-    ``raw_logprobs`` mode, not ``processed_logprobs``.
-    """
-    if not sequences:
-        return []
-    if getattr(backend, "llm", None) is not None and hasattr(backend, "_vllm"):
-        return _vllm_eos_logprobs(backend, sequences, eos_id)
-    if getattr(backend, "model", None) is not None:
-        processed = getattr(backend, "logprobs_mode", "raw") == "processed"
-        return _hf_eos_logprobs(backend, sequences, eos_id, (temperature, top_k, top_p) if processed else None)
-    raise NotImplementedError(f"EOS log-probs need a local model (hf) or engine (vllm), not {backend.name!r}")
-
-
-def _hf_eos_logprobs(backend: Any, sequences: list[list[int]], eos_id: int,
-                     processed: tuple[float, int, float] | None) -> list[float]:
-    import inspect
-
-    import torch
-
-    model = backend.model
-    device = getattr(backend, "device", None) or next(model.parameters()).device
-    pad = getattr(backend, "pad_id", 0)
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    keep_last = "logits_to_keep" in inspect.signature(base.forward).parameters
-    batch_size = max(1, int(getattr(backend, "max_batch_size", 8)))
-    out: list[float] = []
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            for first in range(0, len(sequences), batch_size):
-                chunk = sequences[first:first + batch_size]
-                width = max(len(s) for s in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for i, seq in enumerate(chunk):
-                    ids[i, width - len(seq):] = torch.tensor(seq)
-                    mask[i, width - len(seq):] = 1
-                ids, mask = ids.to(device), mask.to(device)
-                position = (mask.cumsum(-1) - 1).clamp(min=0)
-                options = {"logits_to_keep": 1} if keep_last else {}
-                logits = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=False,
-                               **options).logits[:, -1, :].float()  # [b, V]
-                out.extend(_eos_from_logits(logits, eos_id, processed))
-    finally:
-        model.train(was_training)
-    return out
-
-
-def _eos_from_logits(logits: Any, eos_id: int, processed: tuple[float, int, float] | None) -> list[float]:
-    """``logits``: ``[b, V]`` float32 → EOS log-prob per row (raw, or under the sampling filters)."""
-    if processed is None:
-        return (logits[:, eos_id] - logits.logsumexp(-1)).tolist()
-    temperature, top_k, top_p = processed
-    if temperature == 0:
-        return [0.0] * logits.shape[0]  # the backend's convention for greedy rows
-    scores = logits / temperature
-    vocab = scores.shape[-1]
-    if 0 < top_k < vocab:
-        kth = scores.topk(top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if top_p < 1.0:
-        values, index = scores.sort(dim=-1, descending=True)
-        probs = values.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= top_p
-        scores = scores.scatter(1, index, values.masked_fill(drop, float("-inf")))
-    return scores.log_softmax(-1)[:, eos_id].tolist()
-
-
-def _vllm_eos_logprobs(backend: Any, sequences: list[list[int]], eos_id: int) -> list[float]:
-    vllm = backend._vllm
-    tokens_prompt = getattr(vllm.inputs, "TokensPrompt", dict)
-    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-    outputs = backend.llm.generate([tokens_prompt(prompt_token_ids=list(s) + [eos_id]) for s in sequences], params,
-                                   use_tqdm=False)
-    values = []
-    for output in outputs:
-        entry = output.prompt_logprobs[-1][eos_id]
-        values.append(float(getattr(entry, "logprob", entry)))
-    return values
 
 
 # ------------------------------------------------------------------------------ rollouts
@@ -220,6 +157,13 @@ class _Slot:
     finish_reason: str = ""
     info: dict = field(default_factory=dict)
 
+    def append(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
+        """Tokens of the current turn: model tokens (``mask`` 1) or text it was given (0)."""
+        self.ids += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += logprobs
+        self.turns += [self.turn] * len(ids)
+
 
 def _request_seed(seed: int | None, episode: int, turn: int) -> int | None:
     if seed is None:
@@ -235,6 +179,8 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     Episodes come back in order: the n samples of ``examples[0]`` (``group_id`` 0), then of
     ``examples[1]`` (``group_id`` 1), ... ``group_id`` is unique within one call only.
     ``progress``: a description for a tqdm bar counting finished episodes (None: no bar).
+    ``venv`` should count observation caps in the policy's tokens (``SearchVectorEnv(...,
+    tokenizer=backend.tokenizer)``, as evaluation does); a warning says when it does not.
     """
     config = config or RolloutConfig()
     prompt_fn = prompt_fn or default_prompt_fn()
@@ -244,6 +190,9 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     eos_id = tokenizer.eos_token_id
     if eos_id is None:
         raise ValueError("the tokenizer has no EOS token")
+    if any(env.counter.tokenizer is None for env in venv.envs):
+        warnings.warn("the rollout env counts observation caps in whitespace words, evaluation in policy tokens: "
+                      "build SearchVectorEnv(..., tokenizer=backend.tokenizer)", stacklevel=2)
     jobs = [(g, ex) for g, ex in enumerate(examples) for _ in range(config.samples_per_question)]
     episodes: list[Episode] = []
     from tqdm import tqdm
@@ -251,86 +200,140 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     with tqdm(total=len(jobs), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
         for start in range(0, len(jobs), venv.num_envs):
             chunk = jobs[start:start + venv.num_envs]
-            episodes.extend(_run_batch(backend, venv, chunk, start, config, prompt_fn, tokenizer, eos_id, bar))
+            batch = _Batch(TurnGenerator(backend, config.reuse_kv_cache), venv, config, tokenizer, eos_id)
+            episodes.extend(batch.run(chunk, start, prompt_fn, bar))
     return episodes
 
 
-def _run_batch(backend: LLMBackend, venv: SearchVectorEnv, chunk: list[tuple[int, QAExample]], offset: int,
-               config: RolloutConfig, prompt_fn: Callable[[str], str], tokenizer: Any, eos_id: int,
-               bar: Any = None) -> list[Episode]:
-    # Slots past the chunk (last batch) replay its first example and never act.
-    reset_examples = [ex for _, ex in chunk] + [chunk[0][1]] * (venv.num_envs - len(chunk))
-    seed = None if config.seed is None else config.seed + offset
-    venv.reset(seed=seed, examples=reset_examples)
-    slots = []
-    for k, (group, example) in enumerate(chunk):
-        ids = list(tokenizer(prompt_fn(example.question), add_special_tokens=True)["input_ids"])
-        n = len(ids)
-        slots.append(_Slot(offset + k, example, group, ids, [0] * n, [0.0] * n, [-1] * n, n))
-    reserve = config.max_turn_tokens + 1  # one turn plus a possible EOS
-    for k, slot in enumerate(slots):
-        if len(slot.ids) + reserve > config.max_context_tokens:
-            _end(venv, slot, k, reason="context_limit")
-    while True:
-        live = [k for k, s in enumerate(slots) if not s.done]
-        if bar is not None:
-            bar.update(offset + len(slots) - len(live) - bar.n)
-        if not live:
-            break
-        requests = [GenerationRequest(list(slots[k].ids), stop=CLOSING_TAGS, max_tokens=config.max_turn_tokens,
-                                      temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-                                      seed=_request_seed(config.seed, slots[k].index, slots[k].turn))
-                    for k in live]
-        results = backend.generate(requests)
-        actions: list[str | None] = [None] * venv.num_envs
+@dataclass
+class _Batch:
+    """One batch of episodes, one per env slot (the slot number is the episode's key)."""
+
+    generator: TurnGenerator
+    venv: SearchVectorEnv
+    config: RolloutConfig
+    tokenizer: Any
+    eos_id: int
+
+    @property
+    def reserve(self) -> int:
+        return self.config.max_turn_tokens + 1  # one turn plus a possible EOS
+
+    def run(self, chunk: list[tuple[int, QAExample]], offset: int, prompt_fn: Callable[[str], str],
+            bar: Any = None) -> list[Episode]:
+        venv, config = self.venv, self.config
+        # Slots past the chunk (last batch) replay its first example and never act.
+        reset_examples = [ex for _, ex in chunk] + [chunk[0][1]] * (venv.num_envs - len(chunk))
+        venv.reset(seed=None if config.seed is None else config.seed + offset, examples=reset_examples)
+        slots = []
+        for k, (group, example) in enumerate(chunk):
+            ids = list(self.tokenizer(prompt_fn(example.question), add_special_tokens=True)["input_ids"])
+            slots.append(_Slot(offset + k, example, group, ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids),
+                               len(ids)))
+            if len(ids) + self.reserve > config.max_context_tokens:
+                _end(venv, slots[k], k, reason="context_limit")
+        while True:
+            self.generator.release([k for k, s in enumerate(slots) if s.done])
+            live = [k for k, s in enumerate(slots) if not s.done]
+            if bar is not None:
+                bar.update(offset + len(slots) - len(live) - bar.n)
+            if not live:
+                return [_episode(slot, self.tokenizer) for slot in slots]
+            forced = self.open_forced_answers(slots, live) if config.force_answer else set()
+            live = [k for k in live if not slots[k].done]
+            if live:
+                self.turn(slots, live, forced)
+
+    def turn(self, slots: list[_Slot], live: list[int], forced: set[int]) -> None:
+        """One generation call for the live episodes, one env step, observations appended."""
+        requests = [self.request(slots[k], forced=k in forced) for k in live]
+        actions: list[str | None] = [None] * self.venv.num_envs
         completions = {}
-        for k, result in zip(live, results):
-            completion = result.completions[0]
-            slot = slots[k]
+        for k, result in zip(live, self.generator.generate(requests, live)):
+            completion, slot = result.completions[0], slots[k]
             if completion.finish_reason == "error":
-                _end(venv, slot, k, reason="error")
+                _end(self.venv, slot, k, reason="error")
                 slot.info["error"] = completion.error
                 continue
             assert len(completion.token_ids) == len(completion.logprobs)
-            slot.ids += completion.token_ids
-            slot.mask += [1] * len(completion.token_ids)
-            slot.logprobs += [float(x) for x in completion.logprobs]
-            slot.turns += [slot.turn] * len(completion.token_ids)
+            slot.append(completion.token_ids, 1, [float(x) for x in completion.logprobs])
             actions[k] = completion.text
+            if k in forced:
+                answer = forced_answer_text(completion.text)
+                if not answer:  # nothing to answer with: ends unanswered, as in evaluation
+                    _end(self.venv, slot, k, reason="empty_answer")
+                    continue
+                actions[k] = format_answer(answer)
             completions[k] = completion
         if not completions:
-            continue
-        observations, _, terminated, truncated, infos = venv.step(actions)
+            return
+        observations, _, terminated, truncated, infos = self.venv.step(actions)
         answered = []
         for k, completion in completions.items():
-            slot = slots[k]
-            if terminated[k]:
-                slot.done, slot.finish_reason, slot.info = True, "answer", infos[k]["episode"]
-                if completion.finish_reason == "stop" and completion.stop_string == ANSWER_TAG:
+            if self.close_if_ended(slots[k], terminated[k], truncated[k], infos[k]):
+                if terminated[k] and completion.finish_reason == "stop" and completion.stop_string == ANSWER_TAG:
                     answered.append(k)
                 continue
-            if truncated[k]:
-                slot.done, slot.finish_reason, slot.info = True, "action_limit", infos[k]["episode"]
-                continue
-            obs_ids = list(tokenizer("\n" + observations[k] + "\n", add_special_tokens=False)["input_ids"])
-            if len(slot.ids) + len(obs_ids) + reserve > config.max_context_tokens:
-                _end(venv, slot, k, reason="context_limit")
-                continue
-            slot.ids += obs_ids
-            slot.mask += [0] * len(obs_ids)
-            slot.logprobs += [0.0] * len(obs_ids)
-            slot.turns += [slot.turn] * len(obs_ids)
-            slot.turn += 1
+            if self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
+                slots[k].turn += 1
         if answered:
-            values = eos_logprobs(backend, [slots[k].ids for k in answered], eos_id, config.temperature,
-                                  config.top_k, config.top_p)
-            for k, value in zip(answered, values):
-                slot = slots[k]
-                slot.ids.append(eos_id)
-                slot.mask.append(1)
-                slot.logprobs.append(float(value))
-                slot.turns.append(slot.turn)
-    return [_episode(slot, tokenizer) for slot in slots]
+            self.append_eos(slots, answered)
+
+    def request(self, slot: _Slot, forced: bool) -> GenerationRequest:
+        config = self.config
+        stop, max_tokens = CLOSING_TAGS, config.max_turn_tokens
+        if forced:
+            stop, max_tokens = (FORCED_ANSWER_STOP,), FORCED_ANSWER_MAX_TOKENS
+        return GenerationRequest(list(slot.ids), stop=stop, max_tokens=max_tokens, temperature=config.temperature,
+                                 top_p=config.top_p, top_k=config.top_k,
+                                 seed=_request_seed(config.seed, slot.index, slot.turn))
+
+    def open_forced_answers(self, slots: list[_Slot], live: list[int]) -> set[int]:
+        """Episodes with one action left get ``<answer>`` as prompt tokens (after a forced
+        ``<expand>none</expand>`` step where a snapshot waits for an expand), exactly as
+        :func:`methods.agent_loop.run_agent_turns` does; returns those still live."""
+        limit = self.venv.config.max_actions
+        due = [k for k in live if must_force_answer(self.venv.envs[k].episode, limit)]
+        expanding = [k for k in due if self.venv.envs[k].episode.awaiting_expand]
+        prefixes = {k: [] for k in due}
+        if expanding:
+            actions: list[str | None] = [None] * self.venv.num_envs
+            for k in expanding:
+                actions[k] = format_expand([])
+            observations, _, terminated, truncated, infos = self.venv.step(actions)
+            for k in expanding:
+                if self.close_if_ended(slots[k], terminated[k], truncated[k], infos[k]):
+                    del prefixes[k]
+                    continue
+                prefixes[k] += [FORCED_EXPAND_TEXT, f"\n{observations[k]}\n"]
+        for k, texts in prefixes.items():
+            self.append_prompt_text(slots[k], k, texts + [FORCED_ANSWER_OPENING], room=FORCED_ANSWER_MAX_TOKENS + 1)
+        return {k for k in prefixes if not slots[k].done}
+
+    def append_prompt_text(self, slot: _Slot, k: int, texts: list[str], room: int | None = None) -> bool:
+        """Append text the model did not write (each piece tokenised on its own, loss mask 0);
+        an episode whose next turn (``room`` tokens, default a turn and an EOS) would then not fit
+        ends (``context_limit``) without it."""
+        ids = [t for text in texts for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        if len(slot.ids) + len(ids) + (room or self.reserve) > self.config.max_context_tokens:
+            _end(self.venv, slot, k, reason="context_limit")
+            return False
+        slot.append(ids, 0, [0.0] * len(ids))
+        return True
+
+    def close_if_ended(self, slot: _Slot, terminated: bool, truncated: bool, info: dict) -> bool:
+        """Record the env's end of an episode (an answer, or the action limit)."""
+        if terminated or truncated:
+            slot.done, slot.finish_reason, slot.info = True, "answer" if terminated else "action_limit", info["episode"]
+        return slot.done
+
+    def append_eos(self, slots: list[_Slot], answered: list[int]) -> None:
+        """EOS after each accepted ``</answer>``, a model token with the sampler's log-prob."""
+        config = self.config
+        values = self.generator.eos_logprobs([slots[k].ids for k in answered], answered, self.eos_id,
+                                             config.temperature, config.top_k, config.top_p)
+        for k, value in zip(answered, values):
+            slots[k].append([self.eos_id], 1, [float(value)])
 
 
 def _end(venv: SearchVectorEnv, slot: _Slot, k: int, reason: str) -> None:

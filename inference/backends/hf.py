@@ -37,6 +37,10 @@ EOS (any of the generation config's and the tokenizer's EOS ids) ends a row with
 A prompt with no tokens or with at least ``max_context`` tokens gets one ``Completion`` per
 sample with ``finish_reason="error"``; a completion that would run past the context stops with
 ``"length"``.
+
+Multi-turn agents that resend a growing token context every turn can keep each row's KV cache
+between calls instead: :meth:`HFBackend.session` (:mod:`inference.backends.hf_session`, same
+sampling and results, only the new tokens run).
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -155,6 +159,21 @@ class HFBackend(LLMBackend):
     # ----------------------------------------------------------------------------- public API
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return self._generate(requests, self._decode)
+
+    def session(self) -> Any:
+        """A :class:`~inference.backends.hf_session.HFSession`: multi-turn generation that keeps each
+        row's KV cache between calls (token-id prompts that extend the previous call's)."""
+        from inference.backends.hf_session import HFSession
+
+        return HFSession(self)
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _generate(self, requests: list[GenerationRequest],
+                  decode_batch: Callable[[list[_Row]], None]) -> list[GenerationResult]:
+        """:meth:`generate`, with each batch of rows (longest prompt first, at most ``max_batch_size``)
+        decoded by ``decode_batch`` (:meth:`_decode`, or a session's cache-keeping decode)."""
         start = time.perf_counter()
         prompts: list[list[int]] = []
         errors: dict[int, str] = {}
@@ -177,7 +196,7 @@ class HFBackend(LLMBackend):
             try:
                 for first in range(0, len(rows), self.max_batch_size):
                     batch = rows[first:first + self.max_batch_size]
-                    self._decode(batch)
+                    decode_batch(batch)
                     for row in batch:
                         finished_at[row.request] = time.perf_counter()
             finally:
@@ -193,8 +212,6 @@ class HFBackend(LLMBackend):
                 completions = [row.completion() for row in by_request[i]]
             results.append(GenerationResult(completions, prompts[i], finished_at[i] - start))
         return results
-
-    # ----------------------------------------------------------------------------- internals
 
     def _base_model(self) -> Any:
         """The transformers model under wrappers such as peft (for signature checks)."""

@@ -1,0 +1,267 @@
+"""Multi-turn generation on :class:`~inference.backends.hf.HFBackend` that keeps KV caches between calls.
+
+A token-in/token-out agent (training rollouts, :class:`methods.transcript.TokenTranscript`) sends
+the whole context every turn: prompt, earlier completions, observations. ``HFBackend.generate``
+prefills all of it again each time. An :class:`HFSession` keeps, for every row (one episode,
+named by a caller's key), the keys and values of the tokens it has already run, and runs only
+the new ones::
+
+    session = backend.session()
+    results = session.generate(requests, keys)    # what backend.generate(requests) returns
+    logits = session.next_logits(sequences, keys)  # [b, V] after each sequence (an EOS log-prob)
+
+A request's token ids should extend its row's previous context (the prompt and completion of the
+last call); the cache is used up to the longest common prefix, so anything else still works,
+only slower. A row's cache stays until :meth:`HFSession.release` (or the session) drops it. ``n``
+must be 1 (a row is one sample).
+
+Sampling, seeds, stop strings, token accounting and log-probs are the backend's own (its
+``_rows``, ``_sample`` and ``_forward``): the same request gives the same completion as
+``backend.generate``, up to the floating-point noise that a different batch layout adds.
+
+Cache layout: no holes, ever. Between calls each row's cache is *parked*: a compact copy
+``[kv_heads, L, head_dim]`` per layer of its ``L`` cached tokens. A call sorts rows longest
+first into batches of ``max_batch_size``; inside a batch, rows with similar numbers ``n`` of new
+tokens form prefill groups (:func:`~inference.backends.hf.prefill_groups`). In a group whose
+largest count is ``M``, each row re-runs its last ``M - n`` cached tokens along with its ``n``
+new ones (the compute that padding would cost), so every row is ``[left padding][tokens]``,
+contiguous; groups are merged left-padded and decoded one token per live row per step, as the
+backend does. A row that finishes leaves the batch, its cache parked. Each row therefore sees
+exactly the attention pattern of a left-padded prompt, with positions ``cumsum(mask) - 1``; this
+holds for sliding-window layers too (the window compares cache indices, and with no holes their
+differences are position differences), so Gemma 3 uses the session like Llama.
+
+Supported when the backend has the growing cache (transformers >= 4.56) and every layer is an
+attention layer (:func:`session_supported`); otherwise callers keep calling ``generate``.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inference.backends.base import GenerationRequest, GenerationResult
+from inference.backends.hf_cache import GrowingLayer, growing_cache_supported, merge_left_padded, new_growing_cache
+
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+@dataclass
+class _Parked:
+    """A row's cache between calls: the token ids run so far and, per layer, their keys and
+    values ``[kv_heads, len(ids), head_dim]``."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def session_supported(backend: Any) -> bool:
+    """Whether ``backend`` can keep KV caches across calls: an HF backend, the growing cache, and
+    attention layers only (no linear-attention or state-space layers, which cannot be re-aligned)."""
+    from inference.backends.hf import HFBackend
+
+    if not isinstance(backend, HFBackend) or not growing_cache_supported():
+        return False
+    layer_types = getattr(backend.model.config.get_text_config(), "layer_types", None)
+    return layer_types is None or set(layer_types) <= ATTENTION_LAYER_TYPES
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
+
+
+class HFSession:
+    def __init__(self, backend: Any):
+        if not session_supported(backend):
+            raise ValueError("this backend or model cannot keep KV caches across calls (see session_supported)")
+        self.backend = backend
+        self.parked: dict[Hashable, _Parked] = {}
+
+    # ----------------------------------------------------------------------------- public API
+
+    def generate(self, requests: Sequence[GenerationRequest], keys: Sequence[Hashable]) -> list[GenerationResult]:
+        """``backend.generate(requests)``, request ``i`` continuing row ``keys[i]``'s cache."""
+        if len(keys) != len(requests) or len(set(keys)) != len(keys):
+            raise ValueError("give one distinct key per request")
+        if any(request.n != 1 for request in requests):
+            raise ValueError("a session row is one sample: n must be 1")
+        taken = self._take(keys)
+
+        def decode(batch: list) -> None:
+            self._decode(batch, [keys[row.request] for row in batch], taken)
+
+        return self.backend._generate(list(requests), decode)
+
+    def next_logits(self, sequences: Sequence[list[int]], keys: Sequence[Hashable]) -> torch.Tensor:
+        """Logits ``[b, V]`` (float32) of the position after each token sequence, row ``keys[i]``
+        continuing its cache; the rows stay in the session with the whole sequence cached."""
+        if len(keys) != len(sequences) or len(set(keys)) != len(keys) or not all(sequences):
+            raise ValueError("give one distinct key per sequence, and no empty sequence")
+        backend = self.backend
+        taken = self._take(keys)
+        out: list[torch.Tensor | None] = [None] * len(sequences)
+        by_length = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+        with backend._lock, torch.inference_mode(), _eval_mode(backend.model):
+            for first in range(0, len(by_length), backend.max_batch_size):
+                batch = by_length[first:first + backend.max_batch_size]
+                contexts = [list(sequences[i]) for i in batch]
+                order, logits, mask, cache = self._prefill(contexts, [taken.get(keys[i]) for i in batch], 0)
+                for row, j in enumerate(order):
+                    out[batch[j]] = logits[row]
+                    self._park(keys[batch[j]], contexts[j], cache, row, mask)
+        return torch.stack(out) if out else torch.empty(0)
+
+    def release(self, keys: Sequence[Hashable]) -> None:
+        """Forget these rows' caches."""
+        for key in keys:
+            self.parked.pop(key, None)
+
+    # ----------------------------------------------------------------------------- internals
+
+    def _take(self, keys: Sequence[Hashable]) -> dict[Hashable, _Parked]:
+        """Hand the named rows' caches to this call (a row that fails is not parked again)."""
+        return {key: self.parked.pop(key) for key in keys if key in self.parked}
+
+    def _decode(self, rows: list, keys: list[Hashable], taken: dict[Hashable, _Parked]) -> None:
+        """Generate every row of one batch to its end (as ``HFBackend._decode``), parking each
+        finished row's cache under its key."""
+        backend = self.backend
+        room = max(row.limit for row in rows)
+        order, logits, mask, cache = self._prefill([row.prompt for row in rows], [taken.get(k) for k in keys], room)
+        rows, keys = [rows[i] for i in order], [keys[i] for i in order]
+        next_position = mask.sum(-1, keepdim=True)  # [b, 1]
+        live = list(range(len(rows)))  # indices into rows, in batch order
+        while True:
+            tokens, logprobs = backend._sample(logits, [rows[i] for i in live])  # [b], [b]
+            going = [row.push(token, logprob, backend.eos_ids) for row, token, logprob in
+                     zip((rows[i] for i in live), tokens.tolist(), logprobs.tolist())]
+            for k, i in enumerate(live):
+                if not going[k]:
+                    self._park(keys[i], rows[i].prompt + rows[i].token_ids[:self._fed(rows[i])], cache, k, mask)
+            keep = [k for k, on in enumerate(going) if on]
+            if not keep:
+                return
+            if len(keep) < len(live):  # finished rows leave the batch and the KV cache
+                index = torch.tensor(keep, device=backend.device)
+                cache.batch_select_indices(index)
+                mask, next_position, tokens = mask[index], next_position[index], tokens[index]
+                live = [live[k] for k in keep]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            logits = backend._forward(tokens[:, None], mask, next_position, cache)
+            next_position = next_position + 1
+
+    @staticmethod
+    def _fed(row: Any) -> int:
+        """How many of a finished row's completion tokens went through the model: all but the last
+        one, which ended the row (an EOS is not in ``token_ids`` and was not run either)."""
+        return len(row.token_ids) if row.finish_reason == "eos" else len(row.token_ids) - 1
+
+    @staticmethod
+    def _reusable(parked: _Parked | None, context: list[int]) -> int:
+        """Cached tokens a row can keep: the common prefix, leaving at least one token to run
+        (its logits are the next token's)."""
+        if parked is None:
+            return 0
+        return min(common_prefix(parked.ids, context), len(context) - 1)
+
+    def _prefill(self, contexts: list[list[int]], parked: list[_Parked | None],
+                 room: int) -> tuple[list[int], torch.Tensor, torch.Tensor, Any]:
+        """Run what each row's cache lacks of its context, in groups of similar counts.
+
+        ``room``: decoding steps to reserve in the cache. Returns ``order`` (row ``r`` of the
+        outputs is ``contexts[order[r]]``: most new tokens first), the last-position logits
+        ``[b, V]``, the attention mask ``[b, width]`` and the merged cache (rows right-aligned,
+        left padding only).
+        """
+        from inference.backends.hf import prefill_groups
+
+        counts = [len(c) - self._reusable(p, c) for c, p in zip(contexts, parked)]
+        order = sorted(range(len(contexts)), key=lambda i: -counts[i])
+        contexts, parked, counts = [contexts[i] for i in order], [parked[i] for i in order], [counts[i] for i in order]
+        groups = prefill_groups(counts)
+        single = len(groups) == 1
+        logits, masks, caches = [], [], []
+        for start, end in groups:
+            logit, mask, cache = self._prefill_group(contexts[start:end], parked[start:end], counts[start],
+                                                     room if single else 0)
+            logits.append(logit)
+            masks.append(mask)
+            caches.append(cache)
+        if single:
+            return order, logits[0], masks[0], caches[0]
+        width = max(m.shape[1] for m in masks)
+        masks = [torch.nn.functional.pad(m, (width - m.shape[1], 0)) for m in masks]  # zeros on the left
+        return order, torch.cat(logits), torch.cat(masks), merge_left_padded(caches, width + room)
+
+    def _prefill_group(self, contexts: list[list[int]], parked: list[_Parked | None], new: int,
+                       room: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One forward pass over ``new`` input columns for rows that each keep the first
+        ``len(context) - new`` cached tokens (or none, left-padding a short context).
+
+        Returns logits ``[g, V]``, mask ``[g, kept + new]`` and the group's cache (with ``room``
+        spare positions).
+        """
+        backend = self.backend
+        kept = [max(0, len(c) - new) for c in contexts]
+        width = max(kept)
+        cache = new_growing_cache(reserve=room)
+        if width:
+            self._fill(cache, parked, kept, width, width + new + room)
+        ids = torch.full((len(contexts), new), backend.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(contexts), width + new), dtype=torch.long)
+        for i, (context, keep) in enumerate(zip(contexts, kept)):
+            tail = context[keep:]
+            ids[i, new - len(tail):] = torch.tensor(tail)
+            mask[i, width - keep:width] = 1
+            mask[i, width + new - len(tail):] = 1
+        ids, mask = ids.to(backend.device), mask.to(backend.device)
+        position = (mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
+        return backend._forward(ids, mask, position, cache), mask, cache
+
+    @staticmethod
+    def _fill(cache: Any, parked: list[_Parked | None], kept: list[int], width: int, capacity: int) -> None:
+        """Write each row's first ``kept[i]`` parked tokens right-aligned at ``width`` into ``cache``
+        (``capacity`` positions per layer)."""
+        source = next(p for p, k in zip(parked, kept) if k)
+        for layer_index, (keys, values) in enumerate(source.layers):
+            layer = GrowingLayer(reserve=0)
+            layer.allocate(len(kept), capacity, keys[None], values[None])
+            for row, (p, keep) in enumerate(zip(parked, kept)):
+                if keep:
+                    part_keys, part_values = p.layers[layer_index]
+                    layer._keys[row, :, width - keep:width] = part_keys[:, :keep]
+                    layer._values[row, :, width - keep:width] = part_values[:, :keep]
+            layer._expose(width)
+            cache.layers.append(layer)
+
+    def _park(self, key: Hashable, ids: list[int], cache: Any, row: int, mask: torch.Tensor) -> None:
+        """Keep a compact copy of row ``row``'s cache (its last ``len(ids)`` positions) under ``key``.
+        ``mask``: the batch's attention mask ``[b, width]``, whose row must count ``len(ids)`` tokens."""
+        if int(mask[row].sum()) != len(ids):
+            raise AssertionError(f"row {key!r} has {int(mask[row].sum())} cached tokens, expected {len(ids)}")
+        layers = []
+        for layer in cache.layers:
+            length = layer.keys.shape[-2]
+            if len(ids) > length:
+                raise AssertionError(f"row holds {length} cached positions, fewer than its {len(ids)} tokens")
+            layers.append((layer.keys[row, :, length - len(ids):].clone(),
+                           layer.values[row, :, length - len(ids):].clone()))
+        self.parked[key] = _Parked(list(ids), layers)
+
+
+@contextmanager
+def _eval_mode(model: Any) -> Iterator[None]:
+    """The model in eval mode for a block; its training flag restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

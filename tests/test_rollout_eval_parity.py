@@ -1,0 +1,169 @@
+"""Training rollouts and ``inference.evaluate --method seeds-r1`` play the same episodes.
+
+The same greedy policy (the tiny random Llama, and the scripted one of ``test_rollout``), the
+same questions and the same index go once through :func:`training.rollout.collect_rollouts` and
+once through the evaluation runner's command line (its backend swapped for the tiny model). Both
+count observation caps in the policy's tokens (a 40-token cap that bites), both force an answer
+one action before the limit or neither (``force_answer``), and they must agree on every token,
+every env action and observation, and the env's summary.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import PASSAGES
+from test_rollout import random_lm, script_lm, tokenizer  # noqa: F401 (fixtures)
+
+from envs.config import EnvConfig
+from envs.corpus import load_corpus
+from envs.data import load_qa
+from envs.defaults import open_retriever
+from envs.encoders import load_encoder
+from envs.index import build_index
+from envs.vector_env import SearchVectorEnv
+from inference import evaluate as ev
+from inference.backends.hf import HFBackend
+from inference.predictions import load_predictions
+from methods.seeds import SeedsR1
+from training.rollout import RolloutConfig, collect_rollouts
+
+QUESTIONS = [
+    {"id": "a", "question": "What is the capital of France?", "golden_answers": ["Paris"]},
+    {"id": "b", "question": "Which river flows through Vienna?", "golden_answers": ["Danube"]},
+    {"id": "c", "question": "What is the capital of Japan?", "golden_answers": ["Tokyo"]},
+]
+MAX_OBS_TOKENS = 40
+FINISH = {"answered": "answer", "env_limit": "action_limit", "empty_answer": "empty_answer"}
+
+
+class RecordingBackend(HFBackend):
+    """The HF backend, keeping every request and its completion (evaluation's side)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[list[int], list[int]]] = []
+
+    def generate(self, requests):
+        results = super().generate(requests)
+        self.calls += [(list(r.prompt), list(res.completions[0].token_ids)) for r, res in zip(requests, results)]
+        return results
+
+
+class RecordingEnv(SearchVectorEnv):
+    """The batched env, keeping each slot's (action, observation) pairs (the rollout's side)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps: dict[int, list[tuple[str, str]]] = {i: [] for i in range(self.num_envs)}
+
+    def step(self, actions):
+        out = super().step(actions)
+        for i, action in enumerate(actions):
+            if action is not None:
+                self.steps[i].append((action, out[0][i]))
+        return out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "title": t, "text": x}) + "\n" for i, t, x in PASSAGES))
+    build_index(load_corpus(corpus), load_encoder("hash"), root / "index", show_progress=False)
+    (root / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    (root / "env.yaml").write_text(f"max_obs_tokens: {MAX_OBS_TOKENS}\n")
+    return root
+
+
+def evaluate(files, backend, monkeypatch, options: dict) -> list[dict]:
+    """``python -m inference.evaluate --method seeds-r1 ...`` with ``backend`` as the LLM."""
+    monkeypatch.setattr("inference.backends.load_backend", lambda spec, **kw: backend)
+    out = files / "run"
+    argv = ["--method", "seeds-r1", "--data", str(files / "qa.jsonl"), "--index", str(files / "index"),
+            "--env-config", str(files / "env.yaml"), "--llm", "hf:tiny", "--out", str(out), "--overwrite"]
+    for key, value in options.items():
+        argv += ["--method-option", f"{key}={value}"]
+    assert ev.main(argv) == 0
+    return load_predictions(out / "predictions.jsonl")
+
+
+def rollout(files, backend, tokenizer, method: SeedsR1) -> tuple[list, RecordingEnv]:
+    """The same questions through ``collect_rollouts``, the env built as the trainer should build it."""
+    env_config = method.env_config(EnvConfig.from_yaml(files / "env.yaml"))
+    venv = RecordingEnv(open_retriever(str(files / "index")), num_envs=len(QUESTIONS), config=env_config,
+                        tokenizer=tokenizer)
+    config = RolloutConfig(max_turn_tokens=method.max_tokens, temperature=0.0, seed=0,
+                           force_answer=method.force_answer)
+    return collect_rollouts(backend, venv, load_qa(str(files / "qa.jsonl")), config, method.prompt), venv
+
+
+@pytest.mark.parametrize("policy, force_answer, max_actions", [
+    ("random", False, 3), ("random", True, 3), ("script", False, 3), ("script", True, 3), ("script", True, 2),
+])
+def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random_lm, script_lm,  # noqa: F811
+                                                       monkeypatch, policy, force_answer, max_actions):
+    model = random_lm if policy == "random" else script_lm
+    options = {"max_tokens": 12, "max_actions": max_actions, "force_answer": force_answer}
+    recorder = RecordingBackend(model, tokenizer)
+    evaluated = {r["id"]: r for r in evaluate(files, recorder, monkeypatch, options)}
+    episodes, venv = rollout(files, HFBackend(model, tokenizer), tokenizer, SeedsR1(**options))
+    observations = []
+    for slot, episode in enumerate(episodes):
+        record = evaluated[episode.example_id]
+        # Same tokens: evaluation's last prompt for this question plus its completion is the
+        # rollout's episode (which adds EOS after an accepted </answer>).
+        prompt = episode.token_ids[:episode.prompt_length]
+        last_prompt, completion = max((c for c in recorder.calls if c[0][:len(prompt)] == prompt),
+                                      key=lambda c: len(c[0]))
+        ids = episode.token_ids[:-1] if episode.token_ids[-1] == tokenizer.eos_token_id else episode.token_ids
+        forced_expand_ended = force_answer and record["trace"][-1].get("action") == "<expand>none</expand>"
+        if forced_expand_ended:  # the env ended on the forced expand: no model call after the snapshot
+            assert ids[:len(last_prompt + completion)] == last_prompt + completion
+            assert not any(episode.loss_mask[len(last_prompt + completion):])
+        else:
+            assert ids == last_prompt + completion
+        # Same env actions and observations.
+        steps = [(e["action"], e["observation"]) for e in record["trace"] if e["type"] == "env"]
+        assert venv.steps[slot] == steps
+        observations += [o for _, o in steps]
+        # Same summary.
+        info = episode.info
+        assert FINISH[record["finish_reason"]] == episode.finish_reason
+        assert (record["prediction"], record["metrics"], record["reward"]) == (
+            info["answer"], info["metrics"], info["reward"]["total"])
+        for key in ("n_searches", "n_invalid", "docs_read", "doc_tokens", "searches"):
+            assert record[key] == info[key], key
+        forced = any(e["type"] == "note" and e["kind"] == "forced_answer" for e in record["trace"])
+        assert forced == (force_answer and episode.finish_reason != "action_limit")
+    if policy == "script":  # snapshots longer than the cap: cut in policy tokens on both sides
+        assert any("[truncated: observation limit reached]" in o for o in observations)
+
+
+def test_forced_answer_tokens_in_a_rollout(script_lm, tokenizer, retriever, examples):  # noqa: F811
+    """With one action left after the search, the rollout steps ``<expand>none</expand>`` and
+    writes ``<answer>``, both as prompt tokens; the model fills in the answer and its EOS."""
+    method = SeedsR1(max_actions=3, force_answer=True)
+    venv = SearchVectorEnv(retriever, num_envs=1, config=method.env_config(EnvConfig()), tokenizer=tokenizer)
+    config = RolloutConfig(max_turn_tokens=8, temperature=0.0, force_answer=True)
+    (episode,) = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:1], config, method.prompt)
+    assert episode.finish_reason == "answer" and episode.info["answer"] == "Paris"
+    assert episode.info["n_actions"] == 3 and episode.info["reward"]["total"] == episode.reward
+    turn = [t for t, turn_id in enumerate(episode.turn_ids) if turn_id == 1]  # the forced turn
+    text = tokenizer.decode([episode.token_ids[t] for t in turn if not episode.loss_mask[t]])
+    assert text.startswith("<expand>none</expand>\n<information>") and text.endswith("</information>\n<answer>")
+    model = [episode.token_ids[t] for t in turn if episode.loss_mask[t]]
+    assert tokenizer.decode(model) == " Paris</answer></s>" and model[-1] == tokenizer.eos_token_id
+    assert [episode.loss_mask[t] for t in turn] == sorted(episode.loss_mask[t] for t in turn)  # prompt, then model
+    # Without forcing (the default) the same policy opens candidate 1 and answers by itself.
+    unforced_env = SearchVectorEnv(retriever, num_envs=1, config=method.env_config(EnvConfig()), tokenizer=tokenizer)
+    (plain,) = collect_rollouts(HFBackend(script_lm, tokenizer), unforced_env, examples[:1],
+                                RolloutConfig(max_turn_tokens=8, temperature=0.0), method.prompt)
+    assert plain.finish_reason == "answer" and plain.num_turns == 3 and plain.info["docs_read"] == 1
+    assert RolloutConfig().force_answer is SeedsR1().force_answer is False  # one default
+
+
+def test_rollout_env_without_the_policy_tokenizer_warns(script_lm, tokenizer, retriever, examples):  # noqa: F811
+    venv = SearchVectorEnv(retriever, num_envs=1)
+    with pytest.warns(UserWarning, match="tokenizer=backend.tokenizer"):
+        collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:1], RolloutConfig(max_turn_tokens=8))
