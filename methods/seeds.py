@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from envs.config import EnvConfig
+from envs.protocol import judge_chunks, judgement_action
 from methods.agent_loop import FORCE_ANSWER_DEFAULT, run_agent_turns
 from methods.base import Method, register
 from methods.baselines import reason_in_documents
@@ -111,4 +112,33 @@ class SeedsR1(Method):
 
     async def run(self, ctx: QuestionContext) -> None:
         transcript = TokenTranscript(self.prompt(ctx.question), ctx.tokenizer)
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer)
+
+        async def judge(outcome: StepOutcome, model_text: str) -> str | None:
+            if self.expand_form != "judge":
+                return None
+            return await judge_snapshot(ctx, transcript, outcome.observation)
+
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer,
+                              on_observation=judge)
+
+
+async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str) -> str | None:
+    """The judgement form in evaluation, token for token as :mod:`training.rollout_judge` lays it
+    out in training: each candidate and its question, then ONE verdict token from the model; then
+    the expand those verdicts make. Returns the expand's observation (None: not a snapshot to judge)."""
+    chunks, closing = judge_chunks(observation)
+    if not chunks:
+        return None
+    words = []
+    for chunk in chunks:
+        transcript.add_text(chunk)
+        result = await ctx.generate(transcript.prompt(), stop=(), max_tokens=1, tag="verdict")
+        completion = result.completions[0]
+        if completion.finish_reason == "error":
+            await ctx.give_up("llm_error")
+            return ""
+        transcript.add_model(completion)
+        words.append(completion.text)
+    transcript.add_text(closing)
+    outcome = await ctx.step(judgement_action(words))
+    return outcome.observation

@@ -98,13 +98,16 @@ def rollout(files, backend, tokenizer, method: SeedsR1) -> tuple[list, Recording
     return collect_rollouts(backend, venv, load_qa(str(files / "qa.jsonl")), config, method.prompt), venv
 
 
-@pytest.mark.parametrize("policy, force_answer, max_actions", [
-    ("random", False, 3), ("random", True, 3), ("script", False, 3), ("script", True, 3), ("script", True, 2),
+@pytest.mark.parametrize("policy, force_answer, max_actions, expand_form", [
+    ("random", False, 3, "list"), ("random", True, 3, "list"), ("script", False, 3, "list"),
+    ("script", True, 3, "list"), ("script", True, 2, "list"), ("script", False, 4, "judge"),
+    ("random", False, 4, "judge"),
 ])
 def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random_lm, script_lm,  # noqa: F811
-                                                       monkeypatch, policy, force_answer, max_actions):
+                                                       monkeypatch, policy, force_answer, max_actions, expand_form):
     model = random_lm if policy == "random" else script_lm
-    options = {"max_tokens": 12, "max_actions": max_actions, "force_answer": force_answer}
+    options = {"max_tokens": 12, "max_actions": max_actions, "force_answer": force_answer,
+               "expand_form": expand_form}
     recorder = RecordingBackend(model, tokenizer)
     evaluated = {r["id"]: r for r in evaluate(files, recorder, monkeypatch, options)}
     episodes, venv = rollout(files, HFBackend(model, tokenizer), tokenizer, SeedsR1(**options))
@@ -138,6 +141,10 @@ def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random
         assert forced == (force_answer and episode.finish_reason != "action_limit")
     if policy == "script":  # snapshots longer than the cap: cut in policy tokens on both sides
         assert any("[truncated: observation limit reached]" in o for o in observations)
+    if expand_form == "judge" and policy == "script":  # snapshots judged: one verdict token per candidate
+        judged = [e for e in episodes if "\nRead [1]?" in tokenizer.decode(e.token_ids)]
+        assert judged and all(a.startswith("<expand>[1] ") for slot in venv.steps.values() for a, _ in slot
+                              if a.startswith("<expand>"))
 
 
 def test_forced_answer_tokens_in_a_rollout(script_lm, tokenizer, retriever, examples):  # noqa: F811

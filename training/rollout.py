@@ -73,6 +73,7 @@ from methods.agent_loop import (
     must_force_answer,
 )
 from training.rollout_generation import TurnGenerator, eos_logprobs
+from training.rollout_judge import judge_snapshots, judging_rows
 
 __all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
 
@@ -269,15 +270,38 @@ class _Batch:
             return
         observations, _, terminated, truncated, infos = self.venv.step(actions)
         answered = []
+        open_rows = []
         for k, completion in completions.items():
             if self.close_if_ended(slots[k], terminated[k], truncated[k], infos[k]):
                 if terminated[k] and completion.finish_reason == "stop" and completion.stop_string == ANSWER_TAG:
                     answered.append(k)
                 continue
-            if self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
+            open_rows.append(k)
+        judging = judging_rows(observations, open_rows) if self.venv.config.expand_form == "judge" else {}
+        for k in open_rows:
+            if k not in judging and self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
                 slots[k].turn += 1
         if answered:
             self.append_eos(slots, answered)
+        if judging:
+            self.judge(slots, judging)
+
+    def judge(self, slots: list[_Slot], judging: dict[int, tuple[list[str], str]]) -> None:
+        """Snapshots in the judgement form: interleaved verdicts (:mod:`training.rollout_judge`), then
+        the expand step they make and its observation; the judgement is a turn of its own."""
+        for k in judging:
+            slots[k].turn += 1
+        expands = judge_snapshots(self, slots, judging)
+        if not expands:
+            return
+        actions: list[str | None] = [None] * self.venv.num_envs
+        for k, action in expands.items():
+            actions[k] = action
+        observations, _, terminated, truncated, infos = self.venv.step(actions)
+        for k in expands:
+            if not self.close_if_ended(slots[k], terminated[k], truncated[k], infos[k]):
+                if self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
+                    slots[k].turn += 1
 
     def request(self, slot: _Slot, forced: bool) -> GenerationRequest:
         config = self.config
