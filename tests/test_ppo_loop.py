@@ -201,8 +201,9 @@ def test_no_config_means_the_embedded_default_recipe():
     assert resolve_argv(["--updates", "2", "--config", "none"]) == ["--updates", "2"]
     assert resolve_argv(["--config=null", "--seed", "3"]) == ["--seed", "3"]
     default = load_config(PPOConfig, resolve_argv([]))
-    assert default.model == "gemma3-270m" and default.lora.enabled and default.sft_checkpoint is None
-    assert default.sft_warm_start and default.eval_questions > 0 and default.rollout_engine == "hf"
+    assert default.model == "smollm2-135m" and default.lora.enabled and default.sft_checkpoint is None
+    assert default.sft_warm_start and default.eval_questions >= 64 and default.rollout_engine == "hf"
+    assert default.env["expand_form"] == "judge" and default.env["shuffle_candidates"] is True
 
 
 def test_sft_warm_start_hook(tmp_path, monkeypatch):
@@ -211,12 +212,13 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr("training.sft.warm_start",
-                        lambda view, retriever=None: calls.append((view, retriever)) or str(tmp_path / "sft"))
+                        lambda view, retriever=None, examples=None: calls.append((view, retriever, examples))
+                        or str(tmp_path / "sft"))
     cfg = tiny_cfg(tmp_path, sft_warm_start=True, lora=LoraSettings(enabled=False, r=4))
-    resolved = resolve_sft_checkpoint(cfg, retriever="R")
+    resolved = resolve_sft_checkpoint(cfg, retriever="R", examples=["train questions"])
     assert resolved.sft_checkpoint == str(tmp_path / "sft")
-    view, retriever = calls[0]
-    assert retriever == "R" and view is cfg
+    view, retriever, examples = calls[0]
+    assert retriever == "R" and view is cfg and examples == ["train questions"]  # never the held-out ones
     warm = warm_start_config(cfg)  # a full-fine-tune PPO run gets a full-fine-tune warm start
     assert warm.lora is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
     assert warm_start_config(dataclasses.replace(cfg, sft={"epochs": 5, "lora": True})).epochs == 5
@@ -245,3 +247,14 @@ def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):
     (values, step), = logged
     assert step == 3 and values["samples"].columns == ["update", "question", "reward", "finish", "text"]
     assert values["samples"].data == [[3, "q1", 0.5, "answer", "<answer>x</answer>"]]
+
+
+def test_lora_on_the_top_layers_only(tok):
+    """``lora.top_layers``: adapters on the last N decoder layers of the actor and the critic."""
+    cfg = tiny_cfg("unused", lora=LoraSettings(r=4, alpha=8, top_layers=1))
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    for module in (models.actor, models.critic):
+        names = [n for n, p in module.named_parameters() if p.requires_grad and "lora_" in n]
+        assert names and all(".layers.1." in n for n in names)
+    with pytest.raises(ValueError, match="top_layers"):
+        wrap_models(tiny_llama(tok), tok, tiny_cfg("unused", lora=LoraSettings(r=4, top_layers=3)))

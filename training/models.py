@@ -146,7 +146,7 @@ def _lora_config(settings: Any, task_type: str | None, num_layers: int):
     layers = list(range(num_layers - top, num_layers)) if top else None
     return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                       target_modules=list(settings.target_modules), task_type=task_type, bias="none",
-                      layers_to_transform=layers)
+                      layers_to_transform=layers, layers_pattern="layers" if layers else None)
 
 
 def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:

@@ -319,13 +319,14 @@ def optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm: floa
     return float(norm)
 
 
-def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None) -> PPOConfig:
-    """No ``sft_checkpoint`` given: run the SFT warm start (``training.sft.warm_start``) first."""
+def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None, examples: list | None = None) -> PPOConfig:
+    """No ``sft_checkpoint`` given: run the SFT warm start (``training.sft.warm_start``) first, on
+    the training questions (``examples``), never on held-out ones."""
     if cfg.sft_checkpoint or not cfg.sft_warm_start:
         return cfg
     from training import sft
 
-    path = sft.warm_start(cfg, retriever=retriever)
+    path = sft.warm_start(cfg, retriever=retriever, examples=examples)
     if path:
         print(f"[ppo] SFT warm start -> {path}", flush=True)
         return dataclasses.replace(cfg, sft_checkpoint=str(path))
@@ -421,19 +422,18 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         if saved.get("sft_checkpoint"):  # resume on top of the same SFT policy
             cfg = dataclasses.replace(cfg, sft_checkpoint=saved["sft_checkpoint"])
     retriever = retriever if retriever is not None else load_retriever(cfg)
+    if examples is None or eval_examples is None:
+        loaded_train, loaded_eval = load_questions(cfg)
+        examples = loaded_train if examples is None else examples
+        eval_examples = loaded_eval if eval_examples is None else eval_examples
     if models is None:
-        cfg = resolve_sft_checkpoint(cfg, retriever)
+        cfg = resolve_sft_checkpoint(cfg, retriever, examples)
         models = build_models(cfg, device=str(accelerator.device))
     if accelerator.is_main_process:
         save_resolved(cfg, out)
     tokenizer = models.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     W, rank = accelerator.num_processes, accelerator.process_index
-
-    if examples is None or eval_examples is None:
-        loaded_train, loaded_eval = load_questions(cfg)
-        examples = loaded_train if examples is None else examples
-        eval_examples = loaded_eval if eval_examples is None else eval_examples
     env_config = load_env_config(cfg)
     prompt_fn = prompt_fn_for(env_config)
     if cfg.questions_per_update % W:
@@ -514,6 +514,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         #    values, no gradients
         recompute = cfg.old_logprobs == "recompute"
         old_logp = torch.zeros_like(mask) if recompute else batch["sampler_logp"] * mask
+        # kl_coef 0: no KL term, so no reference pass (one forward fewer; KL is then not logged)
+        with_reference = cfg.kl_coef > 0
         ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
         actor.eval()
         critic.eval()
@@ -522,14 +524,16 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                 mb = select(batch, rows)
                 if recompute:
                     put(old_logp, rows, actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"])[0])
-                put(ref_logp, rows, models.reference_logprobs(mb["input_ids"], mb["attention_mask"], mb["model_mask"]))
+                if with_reference:
+                    put(ref_logp, rows, models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
+                                                                  mb["model_mask"]))
                 put(values, rows, sequence_values(critic, mb["input_ids"], mb["attention_mask"]))
         actor.train()
         critic.train()
         values = values * mask
 
         # 4. token rewards and advantages
-        kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask
+        kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask if with_reference else torch.zeros_like(mask)
         token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
                                             cfg.kl_coef)
         advantages, returns = compute_advantages(
@@ -595,8 +599,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         tokens = max(sums["tokens"], 1.0)
         stats = {k: v for k, v in rollout_stats(episodes).items() if k in ROLLOUT_KEYS}
         stats.update({
-            "kl": float(masked_mean(old_logp - ref_logp, mask)),
-            "kl_estimate": float(masked_mean(kl_old, mask)),
+            "kl": float(masked_mean(old_logp - ref_logp, mask)) if with_reference else math.nan,
+            "kl_estimate": float(masked_mean(kl_old, mask)) if with_reference else math.nan,
             "entropy": sums["entropy"] / tokens if train_actor else math.nan,
             "clip_frac": sums["clip_frac"] / tokens if train_actor else math.nan,
             "approx_kl": sums["approx_kl"] / tokens if train_actor else math.nan,

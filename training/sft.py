@@ -234,8 +234,14 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
     if config.lora:
         from peft import LoraConfig
 
+        top = config.lora_top_layers
+        n_layers = model.config.get_text_config().num_hidden_layers
+        if top is not None and not 1 <= top <= n_layers:
+            raise ValueError(f"lora_top_layers={top}: the model has {n_layers} decoder layers")
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                 target_modules=config.lora_target_modules, task_type="CAUSAL_LM")
+                                 target_modules=config.lora_target_modules, task_type="CAUSAL_LM",
+                                 layers_to_transform=list(range(n_layers - top, n_layers)) if top else None,
+                                 layers_pattern="layers" if top else None)
     parameter = next(model.parameters())
     on_gpu = parameter.device.type == "cuda" or (torch.cuda.is_available() and config.device != "cpu")
     bf16 = bool(on_gpu and parameter.dtype == torch.bfloat16)
@@ -408,18 +414,24 @@ def warm_start_config(ppo_cfg: Any) -> WarmStartConfig:
                   output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
                   env=dataclasses.asdict(load_env_config(ppo_cfg)),
                   lora=bool(ppo_cfg.lora.enabled), lora_r=int(ppo_cfg.lora.r), lora_alpha=int(ppo_cfg.lora.alpha),
-                  lora_target_modules=list(ppo_cfg.lora.target_modules))
+                  lora_target_modules=list(ppo_cfg.lora.target_modules),
+                  lora_top_layers=ppo_cfg.lora.top_layers)
     overrides = dict(getattr(ppo_cfg, "sft", None) or {})
     return WarmStartConfig.from_dict({**values, **overrides})
 
 
-def warm_start(ppo_cfg: Any, retriever: Any = None, model: Any = None, tokenizer: Any = None) -> str:
+def warm_start(ppo_cfg: Any, retriever: Any = None, model: Any = None, tokenizer: Any = None,
+               examples: Sequence[QAExample] | None = None) -> str:
     """Run the warm start of :func:`warm_start_config` (collect, filter, split, train); returns
-    the Hugging Face folder of the warm-started policy (LoRA merged)."""
+    the Hugging Face folder of the warm-started policy (LoRA merged). ``examples``: the questions
+    to collect on (the PPO trainer passes its TRAINING questions, so the warm start never sees a
+    held-out one); None: the config's own."""
     config = warm_start_config(ppo_cfg)
     if retriever is None:
         retriever = load_retriever(config)
-    result = run(config, retriever=retriever, model=model, tokenizer=tokenizer)
+    if examples is not None and config.num_questions:
+        examples = list(examples)[:config.num_questions]
+    result = run(config, retriever=retriever, model=model, tokenizer=tokenizer, examples=examples)
     return result["model_dir"]
 
 

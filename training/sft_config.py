@@ -57,6 +57,7 @@ class WarmStartConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target_modules: Any = "all-linear"
+    lora_top_layers: int | None = None  # LoRA only on the top N decoder layers (the PPO run's lora.top_layers)
     merge_lora: bool = True  # save the best model with the adapter merged in (else the adapter folder)
     epochs: int = 3
     learning_rate: float = 1e-5
