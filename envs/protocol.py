@@ -140,6 +140,22 @@ JUDGE_WORDS = (" yes", " no")  # the verdict tokens (index 0 = open)
 JUDGE_QUESTION = "\nRead [{number}]?"
 
 
+def judge_token_ids(tokenizer) -> tuple[int, ...]:
+    """The token ids of :data:`JUDGE_WORDS` (open first) for a policy's tokenizer: the choices a
+    constrained verdict picks from. Raises ValueError when a word is not exactly one token."""
+    ids = []
+    for word in JUDGE_WORDS:
+        pieces = list(tokenizer(word, add_special_tokens=False)["input_ids"])
+        if len(pieces) != 1:
+            raise ValueError(f"the verdict {word!r} is {len(pieces)} tokens for this tokenizer, not one: "
+                             "constrained verdicts need single-token verdict words (constrain_verdicts: false "
+                             "samples the verdict freely)")
+        ids.append(int(pieces[0]))
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"the verdict words {JUDGE_WORDS!r} share a token id for this tokenizer")
+    return tuple(ids)
+
+
 def snapshot_candidates(observation: str) -> list[str]:
     """The candidate lines of a ``<snapshot>`` observation, in order, each without its ``[i] ``.
 

@@ -74,12 +74,15 @@ class QuestionContext:
     # -- LLM -----------------------------------------------------------------------------------
 
     async def generate(self, prompt: Prompt, *, stop: tuple[str, ...] | list[str] = (), max_tokens: int = 256,
-                       temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "") -> GenerationResult:
-        """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``)."""
+                       temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "",
+                       allowed_token_ids: tuple[int, ...] = ()) -> GenerationResult:
+        """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``);
+        ``allowed_token_ids``: a constrained choice (see :class:`GenerationRequest`)."""
         if self.llm_calls >= self.max_llm_calls:
             raise EpisodeOver(f"LLM call limit of {self.max_llm_calls} reached")
         request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens, temperature=temperature,
-                                    top_p=top_p, top_k=top_k, seed=self.seed + self.llm_calls)
+                                    top_p=top_p, top_k=top_k, seed=self.seed + self.llm_calls,
+                                    allowed_token_ids=tuple(allowed_token_ids))
         self.llm_calls += 1
         started = time.perf_counter()
         result = await self.llm.agenerate(request)

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from envs.config import EnvConfig
-from envs.protocol import judge_chunks, judgement_action
+from envs.protocol import judge_chunks, judge_token_ids, judgement_action
 from methods.agent_loop import FORCE_ANSWER_DEFAULT, run_agent_turns
 from methods.base import Method, register
 from methods.baselines import reason_in_documents
@@ -100,6 +100,7 @@ class SeedsR1(Method):
     max_tokens: int = 512
     force_answer: bool = FORCE_ANSWER_DEFAULT
     expand_form: str = "list"  # "judge": one yes/no per candidate (EnvConfig.expand_form), as trained
+    constrain_verdicts: bool = True  # judge form with a local tokenizer: verdicts among the yes/no tokens only
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
@@ -116,23 +117,27 @@ class SeedsR1(Method):
         async def judge(outcome: StepOutcome, model_text: str) -> str | None:
             if self.expand_form != "judge":
                 return None
-            return await judge_snapshot(ctx, transcript, outcome.observation)
+            return await judge_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts)
 
         await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer,
                               on_observation=judge)
 
 
-async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str) -> str | None:
+async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str,
+                         constrain: bool = True) -> str | None:
     """The judgement form in evaluation, token for token as :mod:`training.rollout_judge` lays it
-    out in training: each candidate and its question, then ONE verdict token from the model; then
+    out in training: each candidate and its question, then ONE verdict token from the model (with
+    ``constrain`` and a local tokenizer: among the yes/no tokens only, as rollouts draw it); then
     the expand those verdicts make. Returns the expand's observation (None: not a snapshot to judge)."""
     chunks, closing = judge_chunks(observation)
     if not chunks:
         return None
+    allowed = judge_token_ids(ctx.tokenizer) if constrain and ctx.tokenizer is not None else ()
     words = []
     for chunk in chunks:
         transcript.add_text(chunk)
-        result = await ctx.generate(transcript.prompt(), stop=(), max_tokens=1, tag="verdict")
+        result = await ctx.generate(transcript.prompt(), stop=(), max_tokens=1, tag="verdict",
+                                    allowed_token_ids=allowed)
         completion = result.completions[0]
         if completion.finish_reason == "error":
             await ctx.give_up("llm_error")

@@ -13,9 +13,10 @@ assignment can raise it: to 1.0 when it learns "yes" after candidate [1] and "no
 
 Why the right box is recognisable by its number and not by its contents: a 2-layer random model
 did not learn to tell "It holds the amber." from "It is empty." through PPO within 40 updates
-(both open rates moved together), while the same pipeline learns content on SmolLM2 in the main job
-(README, "Training SEEDS-R1"). Broken trainers fail this test (checked by hand, README): a flipped
-advantage sign, a zeroed loss mask, or a skipped optimizer step leave precision at its start.
+(both open rates moved together); whether the main job learns content on SmolLM2 is measured in the
+README ("Training SEEDS-R1"). The trainer runs as the main job does: constrained verdicts (two-way
+log-probs) and a group baseline (``advantage: grpo``, no critic). Broken trainers fail this test
+(checked by hand, README): a flipped advantage sign, a zeroed loss mask, or a skipped optimizer step.
 """
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def ppo_config(setup, sft_dir: str, **overrides) -> PPOConfig:
     values = dict(model=sft_dir, sft_checkpoint=sft_dir, dtype="float32", env_config=None, env=dict(ENV),
                   lora=LoraSettings(enabled=False), questions_per_update=4, samples_per_question=8, num_envs=32,
                   rollout_batch_size=32, max_turn_tokens=16, max_context_tokens=512, updates=20, ppo_epochs=4,
-                  mini_batches=1, micro_batch_size=32, lr_actor=1e-3, lr_critic=1e-3, critic_warmup_updates=1,
+                  mini_batches=1, micro_batch_size=32, lr_actor=1e-3, advantage="grpo",
                   entropy_coef=0.0, kl_coef=0.0, eval_questions=24, output_dir=str(setup["folder"] / "ppo"),
                   export=False, save_every=1000, log_samples=0, old_logprobs="recompute", seed=0)
     values.update(overrides)

@@ -26,6 +26,19 @@ def test_recipe_overrides_and_seed_folders(lc, tmp_path):
         lc.seed_config(lc.parse_args(["--set", "updates"]), 0, None)
 
 
+def test_recipe_inherits_the_main_job_setting(tmp_path):
+    from training.config import ConfigError, PPOConfig, load_config
+
+    check = load_config(PPOConfig, ["--config", str(ROOT / "configs" / "ppo" / "learning_check.yaml")])
+    main = load_config(PPOConfig, ["--config", str(ROOT / "configs" / "ppo" / "default.yaml")])
+    assert (check.samples_per_question, check.output_dir) == (8, "runs/learning_check")
+    assert (check.model, check.env, check.advantage, check.sft) == (main.model, main.env, main.advantage, main.sft)
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nupdates: 3\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="its own base"):
+        load_config(PPOConfig, ["--config", str(tmp_path / "a.yaml")])
+
+
 def _run(reward, precision):
     return {"comparison": {"reward": dict(zip(("before", "after", "diff", "lo", "hi"), reward)),
                            "precision": dict(zip(("before", "after", "diff", "lo", "hi"), precision)),

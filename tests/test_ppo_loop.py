@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -168,6 +169,28 @@ def test_resume_continues_exactly(tok, tmp_path, retriever, examples):
     assert next_questions(examples, 4, 2, 0) == next_questions(examples, 0, 6, 0)[4:]
 
 
+def test_group_baselines_run_without_a_critic(tok, tmp_path, retriever, examples):
+    """grpo builds no critic (no second decoder, no value pass), checkpoints without critic.pt,
+    resumes exactly, and refuses to resume a critic-free checkpoint with GAE."""
+    def run(out, updates, resume=False, advantage="grpo"):
+        cfg = tiny_cfg(out, updates=updates, resume=resume, advantage=advantage, save_every=1, keep_checkpoints=2,
+                       temperature=1.0, max_turn_tokens=6)
+        models = wrap_models(tiny_llama(tok), tok, cfg)
+        return train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+
+    first = run(tmp_path / "a", 1)
+    assert first["models"].critic is None
+    history = first["history"][0]
+    assert math.isnan(history["value_loss"]) and math.isnan(history["explained_variance"])
+    assert math.isfinite(history["policy_loss"]) and history["critic_only"] == 0.0
+    folder = load_latest(tmp_path / "a")
+    assert (folder / "actor.pt").is_file() and not (folder / "critic.pt").exists()
+    resumed, straight = run(tmp_path / "a", 2, resume=True), run(tmp_path / "b", 2)
+    assert same(trainable(resumed["models"].actor), trainable(straight["models"].actor), atol=1e-6)
+    with pytest.raises(ValueError, match="critic"):
+        run(tmp_path / "a", 3, resume=True, advantage="gae")
+
+
 @pytest.mark.parametrize("lora", [True, False])
 def test_exported_folder_loads_with_auto_model(tok, tmp_path, lora):
     cfg = tiny_cfg(tmp_path, lora=LoraSettings(enabled=lora, r=4, alpha=8))
@@ -258,3 +281,16 @@ def test_lora_on_the_top_layers_only(tok):
         assert names and all(".layers.1." in n for n in names)
     with pytest.raises(ValueError, match="top_layers"):
         wrap_models(tiny_llama(tok), tok, tiny_cfg("unused", lora=LoraSettings(r=4, top_layers=3)))
+
+
+def test_a_batch_without_model_tokens_still_backpropagates(tok):
+    """No target position (every episode ended before the model wrote a token): the zero log-probs
+    stay tied to the graph, so backward runs (DDP's all-reduce too) and leaves zero gradients."""
+    cfg = tiny_cfg("unused", advantage="grpo")
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    ids, attention = probe(tok)
+    logp, _ = models.actor(ids, attention, target_mask=torch.zeros_like(attention[:, 1:]))
+    assert logp.requires_grad and float(logp.abs().sum()) == 0.0
+    logp.sum().backward()
+    grads = [p.grad for p in models.actor.parameters() if p.requires_grad]
+    assert grads and all(g is not None and float(g.abs().sum()) == 0.0 for g in grads)

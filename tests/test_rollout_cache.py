@@ -33,7 +33,7 @@ def rollouts(backend, retriever, tokenizer, temperature: float, reuse: bool) -> 
     hook = backend.model.register_forward_pre_hook(count, with_kwargs=True)
     try:
         venv = SearchVectorEnv(retriever, num_envs=3, config=EnvConfig(max_actions=4), tokenizer=tokenizer)
-        config = RolloutConfig(temperature=temperature, max_turn_tokens=8, max_context_tokens=340, seed=5,
+        config = RolloutConfig(temperature=temperature, max_turn_tokens=8, max_context_tokens=340, seed=6,
                                reuse_kv_cache=reuse)
         episodes = collect_rollouts(backend, venv, QUESTIONS, config)
     finally:

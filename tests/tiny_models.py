@@ -12,7 +12,7 @@ from tests.conftest import PASSAGES
 
 STATES = ["?\n", "</snapshot>\n", "</information>\n"]
 TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
-WORDS = [" capital", " France", " 1", " Paris"]
+WORDS = [" capital", " France", " 1", " Paris", " yes", " no"]  # " yes"/" no": the verdict tokens
 
 
 def tiny_tokenizer(vocab_size: int = 600) -> PreTrainedTokenizerFast:

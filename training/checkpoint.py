@@ -89,14 +89,15 @@ def _barrier(accelerator: Any) -> None:
         accelerator.wait_for_everyone()
 
 
-def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.nn.Module, critic: torch.nn.Module,
+def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.nn.Module, critic: torch.nn.Module | None,
                     optimizers: dict[str, Any], schedulers: dict[str, Any], state: dict[str, Any],
                     keep: int = 2, accelerator: Any = None) -> Path:
     """Write checkpoint ``update`` (models unwrapped from DDP by the caller); returns its folder.
 
     Call on every process: each writes its RNG state (and, under DeepSpeed ZeRO, its optimizer
     partitions); the main process writes the rest.
-    ``state``: JSON-able bookkeeping (update count, data position, ...).
+    ``state``: JSON-able bookkeeping (update count, data position, ...). ``critic`` None: a
+    critic-free run (group-baseline estimators), no ``critic.pt``.
     """
     rank = accelerator.process_index if accelerator is not None else 0
     main = accelerator.is_main_process if accelerator is not None else True
@@ -117,7 +118,8 @@ def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.
     _barrier(accelerator)
     if main:
         torch.save(trainable_state_dict(actor), tmp / "actor.pt")
-        torch.save(trainable_state_dict(critic), tmp / "critic.pt")
+        if critic is not None:
+            torch.save(trainable_state_dict(critic), tmp / "critic.pt")
         for name, optimizer in optimizers.items():
             if zero[name] is None:
                 torch.save(optimizer.state_dict(), tmp / f"optim_{name}.pt")
@@ -137,13 +139,16 @@ def _load(path: Path) -> Any:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def load_checkpoint(path: str | os.PathLike, *, actor: torch.nn.Module, critic: torch.nn.Module,
+def load_checkpoint(path: str | os.PathLike, *, actor: torch.nn.Module, critic: torch.nn.Module | None,
                     optimizers: dict[str, Any], schedulers: dict[str, Any], accelerator: Any = None,
                     restore_rng: bool = True) -> dict[str, Any]:
     """Restore models, optimizers, schedulers and this process's RNG; returns ``state.json``."""
     path = Path(path)
     load_trainable_state_dict(actor, _load(path / "actor.pt"))
-    load_trainable_state_dict(critic, _load(path / "critic.pt"))
+    if critic is not None:
+        if not (path / "critic.pt").is_file():
+            raise ValueError(f"{path} has no critic.pt (a critic-free run): resume it with the same advantage estimator")
+        load_trainable_state_dict(critic, _load(path / "critic.pt"))
     for name, optimizer in optimizers.items():
         zero = zero_optimizer(optimizer)
         if zero is not None:

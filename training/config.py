@@ -5,7 +5,8 @@
 ``load_config(PPOConfig, argv)``: dataclass defaults, then the YAML recipe given by ``--config``,
 then ``--key value`` (or ``--key=value``) overrides; nested fields with dots (``--lora.r 8``,
 ``--env.top_k 3``). Values are parsed as YAML scalars (``8``, ``1e-6``, ``true``, ``null``).
-A bare ``--flag`` sets a boolean field to true. Unknown keys raise ``ConfigError``.
+A bare ``--flag`` sets a boolean field to true. Unknown keys raise ``ConfigError``. A recipe may
+start from another (``base: default.yaml``, relative to its folder) and state only what differs.
 """
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ class PPOConfig:
     rollout_batch_size: int = 16  # rows per HF generation batch
     rollout_merge_lora: bool = True  # HF engine + LoRA: roll out on a merged copy (faster; synced every update)
     temperature: float = 1.0
+    constrain_verdicts: bool = True  # judgement form: verdicts drawn among the yes/no tokens (rollouts, evaluation, loss)
     top_p: float = 1.0
     max_turn_tokens: int = 256
     max_context_tokens: int = 4096
@@ -129,7 +131,7 @@ class PPOConfig:
     old_logprobs: str = "recompute"
     gamma: float = 1.0
     lam: float = 1.0
-    advantage: str = "gae"  # gae | grpo | reinforce
+    advantage: str = "gae"  # gae (with a critic) | grpo | reinforce (group baselines: no critic is built)
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
     max_grad_norm: float = 1.0
     # ---- run
@@ -254,15 +256,24 @@ def load_config(cls: type = None, argv: list[str] | None = None) -> Any:
         print(help_text(cls))
         raise SystemExit(0)
     config_path, overrides = parse_overrides(argv)
-    values: dict[str, Any] = {}
-    if config_path:
-        path = Path(config_path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys")
+    values = read_recipe(Path(config_path)) if config_path else {}
     return from_dict(cls, _merge(values, overrides))
+
+
+def read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML recipe's keys. ``base: other.yaml`` (relative to the recipe's folder) loads that
+    recipe first and applies this one's keys on top, so a variant states only what differs."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"recipe {path} is its own base")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys")
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    return _merge(read_recipe(path.parent / str(base), seen + (path.resolve(),)), values)
 
 
 def help_text(cls: type) -> str:

@@ -23,7 +23,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from training.ppo_core import entropy_from_logits, logprobs_from_logits
+from training.ppo_core import (
+    choice_entropy_from_logits,
+    choice_logprobs_from_logits,
+    entropy_from_logits,
+    logprobs_from_logits,
+)
 
 
 def _unwrap_peft(model: nn.Module) -> nn.Module:
@@ -50,13 +55,17 @@ def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 1024,
-                      target_mask: torch.Tensor | None = None, with_entropy: bool = False
+                      target_mask: torch.Tensor | None = None, with_entropy: bool = False,
+                      choice_mask: torch.Tensor | None = None, choice_ids: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(ids[t+1] | ids[≤t]) for t < T−1, and optionally the entropy of π(· | ids[≤t]).
 
     model: a causal LM (plain or peft); input_ids, attention_mask: (B, T), right-padded.
     target_mask: (B, T−1) or None; where given, the lm_head runs only on positions with mask 1
-    (others get 0). Returns logp (B, T−1) float32 and entropy (B, T−1) float32 or None.
+    (others get 0). choice_mask: (B, T−1) or None, with choice_ids (C,): at positions with mask 1
+    the token was drawn among those choices only, and its log-prob and entropy are those of the
+    distribution renormalised over them (constrained verdicts).
+    Returns logp (B, T−1) float32 and entropy (B, T−1) float32 or None.
     The lm_head runs ``chunk`` positions at a time; with gradients each chunk is checkpointed,
     so backward keeps the hidden states, not the (N, V) logits.
     """
@@ -67,17 +76,23 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         target_mask = attention_mask[:, 1:]
     rows, cols = torch.nonzero(target_mask.bool(), as_tuple=True)
     h, y = hidden[rows, cols], labels[rows, cols]  # (N, H), (N,)
+    constrained = choice_ids is not None and choice_mask is not None and bool(choice_mask.any())
+    c = choice_mask[rows, cols].bool() if constrained else torch.zeros_like(y, dtype=torch.bool)  # (N,)
 
-    def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor, c_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _head_logits(model, h_part)[None]  # (1, n, V)
         logp = logprobs_from_logits(logits, y_part[None], chunk=None)[0]
         ent = entropy_from_logits(logits, chunk=None)[0] if with_entropy else torch.zeros_like(logp)
+        if constrained:
+            logp = torch.where(c_part, choice_logprobs_from_logits(logits[0], y_part, choice_ids), logp)
+            if with_entropy:
+                ent = torch.where(c_part, choice_entropy_from_logits(logits[0], choice_ids), ent)
         return logp, ent
 
     grad = torch.is_grad_enabled() and h.requires_grad
     logps, ents = [], []
     for s in range(0, h.shape[0], chunk):
-        args = (h[s:s + chunk], y[s:s + chunk])
+        args = (h[s:s + chunk], y[s:s + chunk], c[s:s + chunk])
         lp, en = checkpoint(per_chunk, *args, use_reentrant=False) if grad else per_chunk(*args)
         logps.append(lp)
         ents.append(en)
@@ -86,6 +101,8 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     if logps:
         logp = logp.index_put((rows, cols), torch.cat(logps))
         entropy = entropy.index_put((rows, cols), torch.cat(ents))
+    elif grad:  # no target position: zeros still tied to the graph, so backward (and DDP's all-reduce) runs
+        logp = logp + 0.0 * hidden.float().sum()
     return logp, (entropy if with_entropy else None)
 
 
@@ -102,8 +119,10 @@ class PolicyModel(nn.Module):
         return callable(getattr(self.lm, "disable_adapter", None))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor | None = None,
-                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return sequence_logprobs(self.lm, input_ids, attention_mask, self.chunk, target_mask, with_entropy)
+                with_entropy: bool = False, choice_mask: torch.Tensor | None = None,
+                choice_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return sequence_logprobs(self.lm, input_ids, attention_mask, self.chunk, target_mask, with_entropy,
+                                 choice_mask, choice_ids)
 
 
 class ValueHead(nn.Module):
@@ -131,7 +150,7 @@ def sequence_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: 
 @dataclass
 class Models:
     actor: PolicyModel
-    critic: ValueHead
+    critic: ValueHead | None  # None: a critic-free estimator (grpo, reinforce)
     reference_logprobs: Callable[..., torch.Tensor]  # (input_ids, attention_mask, target_mask) -> (B, T−1)
     tokenizer: Any
 
@@ -149,6 +168,11 @@ def _lora_config(settings: Any, task_type: str | None, num_layers: int):
                       layers_to_transform=layers, layers_pattern="layers" if layers else None)
 
 
+def uses_critic(cfg: Any) -> bool:
+    """Only GAE needs a learned value; group baselines (grpo, reinforce) run without a critic."""
+    return getattr(cfg, "advantage", "gae") == "gae"
+
+
 def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
     """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base)."""
     from peft import get_peft_model
@@ -158,27 +182,31 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
     hidden_size = lm.config.get_text_config().hidden_size
     num_layers = lm.config.get_text_config().num_hidden_layers
-    backbone = copy.deepcopy(_decoder(lm))  # the critic's own copy, same initial weights
-    if cfg.lora.enabled and cfg.lora.critic:
-        backbone = get_peft_model(backbone, _lora_config(cfg.lora, None, num_layers))
-    critic = ValueHead(backbone, hidden_size)
+    critic = None
+    if uses_critic(cfg):
+        backbone = copy.deepcopy(_decoder(lm))  # the critic's own copy, same initial weights
+        if cfg.lora.enabled and cfg.lora.critic:
+            backbone = get_peft_model(backbone, _lora_config(cfg.lora, None, num_layers))
+        critic = ValueHead(backbone, hidden_size)
     if cfg.lora.enabled:
         actor = PolicyModel(get_peft_model(lm, _lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk)
 
-        def reference_logprobs(input_ids, attention_mask, target_mask=None):
+        def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
             with torch.no_grad(), actor.lm.disable_adapter():
-                return sequence_logprobs(actor.lm, input_ids, attention_mask, actor.chunk, target_mask)[0]
+                return sequence_logprobs(actor.lm, input_ids, attention_mask, actor.chunk, target_mask,
+                                         choice_mask=choice_mask, choice_ids=choice_ids)[0]
     else:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False)
         actor = PolicyModel(lm, cfg.logprob_chunk)
 
-        def reference_logprobs(input_ids, attention_mask, target_mask=None):
+        def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
             with torch.no_grad():
-                return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask)[0]
+                return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask,
+                                         choice_mask=choice_mask, choice_ids=choice_ids)[0]
     if cfg.gradient_checkpointing:
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
         _unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
-        critic_base = _unwrap_peft(critic.backbone)
+        critic_base = _unwrap_peft(critic.backbone) if critic is not None else None
         if hasattr(critic_base, "gradient_checkpointing_enable"):
             critic_base.gradient_checkpointing_enable(**kwargs)
     return Models(actor, critic, reference_logprobs, ensure_pad_token(tokenizer))

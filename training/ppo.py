@@ -156,14 +156,18 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
     attention = torch.zeros((B, width), dtype=torch.long)
     loss_mask = torch.zeros((B, width), dtype=torch.float32)
     sampler = torch.zeros((B, width), dtype=torch.float32)
+    choice = torch.zeros((B, width), dtype=torch.float32)
     for i, e in enumerate(episodes):
         n = len(e.token_ids)
         ids[i, :n] = torch.tensor(e.token_ids)
         attention[i, :n] = 1
         loss_mask[i, :n] = torch.tensor(e.loss_mask, dtype=torch.float32)
         sampler[i, :n] = torch.tensor(e.sampler_logprobs, dtype=torch.float32)
+        if e.choice_mask:
+            choice[i, :n] = torch.tensor(e.choice_mask, dtype=torch.float32)
     batch = {"input_ids": ids, "attention_mask": attention, "model_mask": loss_mask[:, 1:],
-             "sampler_logp": sampler[:, 1:], "reward": torch.tensor([e.reward for e in episodes]),
+             "sampler_logp": sampler[:, 1:], "choice_mask": choice[:, 1:],
+             "reward": torch.tensor([e.reward for e in episodes]),
              "group_id": torch.tensor([e.group_id for e in episodes])}
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -211,13 +215,29 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
         venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config,
                                tokenizer=tokenizer)
         rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
-                                temperature=0.0, samples_per_question=1, seed=cfg.seed)
+                                temperature=0.0, samples_per_question=1, seed=cfg.seed,
+                                constrain_verdicts=cfg.constrain_verdicts)
         episodes = collect_rollouts(backend, venv, shard, rollout, prompt_fn,
                                     progress="eval" if accelerator.is_local_main_process else None)
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
     outcomes = gather_outcomes(accelerator, question_outcomes(episodes), indices, len(examples))
     return reduce_mean(accelerator, stats), outcomes
+
+
+def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.Tensor | None:
+    """(C,) ids of the verdict tokens constrained verdicts choose among, or None (free verdicts)."""
+    from envs.protocol import judge_token_ids
+
+    if env_config.expand_form != "judge" or not cfg.constrain_verdicts:
+        return None
+    return torch.tensor(judge_token_ids(tokenizer), dtype=torch.long, device=device)
+
+
+def set_train_mode(training: bool, *models) -> None:
+    for model in models:
+        if model is not None:
+            model.train(training)
 
 
 def accelerator_handlers() -> list:
@@ -442,23 +462,29 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     if local_questions * cfg.samples_per_question < cfg.mini_batches:
         raise ValueError("each process needs at least one episode per mini-batch")
 
+    choice_ids = verdict_choice_ids(cfg, env_config, tokenizer, accelerator.device)
+    use_critic = models.critic is not None  # GAE; group baselines (grpo, reinforce) train no critic
     actor_params = [p for p in models.actor.parameters() if p.requires_grad]
-    critic_params = [p for p in models.critic.parameters() if p.requires_grad]
     opt_actor = torch.optim.AdamW(actor_params, lr=cfg.lr_actor, weight_decay=cfg.weight_decay)
-    opt_critic = torch.optim.AdamW(critic_params, lr=cfg.lr_critic, weight_decay=cfg.weight_decay)
     sched_actor = torch.optim.lr_scheduler.LambdaLR(opt_actor, _lr_lambda(cfg.warmup_updates))
-    sched_critic = torch.optim.lr_scheduler.LambdaLR(opt_critic, _lr_lambda(cfg.warmup_updates))
+    optimizers, schedulers = {"actor": opt_actor}, {"actor": sched_actor}
+    if use_critic:
+        critic_params = [p for p in models.critic.parameters() if p.requires_grad]
+        opt_critic = torch.optim.AdamW(critic_params, lr=cfg.lr_critic, weight_decay=cfg.weight_decay)
+        sched_critic = torch.optim.lr_scheduler.LambdaLR(opt_critic, _lr_lambda(cfg.warmup_updates))
+        optimizers["critic"], schedulers["critic"] = opt_critic, sched_critic
     if uses_deepspeed(accelerator):
         configure_deepspeed(accelerator, cfg, local_questions * cfg.samples_per_question)
     # One prepare per model: under DeepSpeed each becomes its own engine, with its own optimizer and
     # clipping (accelerate takes one model per prepare there, and warns that its `backward` follows
     # the first engine only: the DeepSpeed path calls each engine's backward itself, see `backward`).
     actor, opt_actor = accelerator.prepare(models.actor, opt_actor)
-    critic, opt_critic = accelerator.prepare(models.critic, opt_critic)
+    critic = value_model = None
+    if use_critic:
+        critic, opt_critic = accelerator.prepare(models.critic, opt_critic)
+        value_model = accelerator.unwrap_model(critic)
+    optimizers.update(actor=opt_actor, **({"critic": opt_critic} if use_critic else {}))
     policy = accelerator.unwrap_model(actor)  # the live weights, shared by the rollout backend
-    value_model = accelerator.unwrap_model(critic)
-    optimizers = {"actor": opt_actor, "critic": opt_critic}
-    schedulers = {"actor": sched_actor, "critic": sched_critic}
 
     start_update, data_position = 0, 0
     if resume_from is not None:
@@ -487,7 +513,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                disable=not accelerator.is_local_main_process)
     for update in bar:
         t0 = time.perf_counter()
-        train_actor = update >= cfg.critic_warmup_updates
+        train_actor = update >= cfg.critic_warmup_updates or not use_critic
 
         # 1. rollouts with the current actor, each process its own shard of the questions
         questions = next_questions(examples, data_position, cfg.questions_per_update, cfg.seed)
@@ -498,7 +524,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         rollout_cfg = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
                                     temperature=cfg.temperature, top_p=cfg.top_p,
                                     samples_per_question=cfg.samples_per_question,
-                                    seed=(cfg.seed * 100_003 + update) * 1_009 + rank)
+                                    seed=(cfg.seed * 100_003 + update) * 1_009 + rank,
+                                    constrain_verdicts=cfg.constrain_verdicts)
         t_sync = sync_rollout_weights(backend, policy)  # vLLM: the actor's current weights; hf: nothing to do
         episodes = collect_rollouts(backend, venv, shard, rollout_cfg, prompt_fn,
                                     progress="rollout" if accelerator.is_local_main_process else None)
@@ -517,19 +544,20 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         # kl_coef 0: no KL term, so no reference pass (one forward fewer; KL is then not logged)
         with_reference = cfg.kl_coef > 0
         ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
-        actor.eval()
-        critic.eval()
+        set_train_mode(False, actor, critic)
         with torch.no_grad():
             for rows in all_rows.split(cfg.micro_batch_size):
                 mb = select(batch, rows)
+                choices = {"choice_mask": mb["choice_mask"], "choice_ids": choice_ids}
                 if recompute:
-                    put(old_logp, rows, actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"])[0])
+                    put(old_logp, rows, actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"],
+                                              **choices)[0])
                 if with_reference:
                     put(ref_logp, rows, models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
-                                                                  mb["model_mask"]))
-                put(values, rows, sequence_values(critic, mb["input_ids"], mb["attention_mask"]))
-        actor.train()
-        critic.train()
+                                                                  mb["model_mask"], **choices))
+                if use_critic:
+                    put(values, rows, sequence_values(critic, mb["input_ids"], mb["attention_mask"]))
+        set_train_mode(True, actor, critic)
         values = values * mask
 
         # 4. token rewards and advantages
@@ -558,15 +586,18 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                     m = mb["model_mask"]
                     last = k == len(micro) - 1  # only the last micro-batch all-reduces gradients
                     with contextlib.ExitStack() as stack:
-                        stack.enter_context(accumulating(accelerator, critic, last))
+                        losses = []
+                        if use_critic:
+                            stack.enter_context(accumulating(accelerator, critic, last))
+                            new_values = sequence_values(critic, mb["input_ids"], mb["attention_mask"])
+                            v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m,
+                                                        cfg.value_clip)
+                            losses.append((critic, cfg.vf_coef * v_sum))
                         if train_actor:
                             stack.enter_context(accumulating(accelerator, actor, last))
-                        new_values = sequence_values(critic, mb["input_ids"], mb["attention_mask"])
-                        v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, cfg.value_clip)
-                        losses = [(critic, cfg.vf_coef * v_sum)]
-                        if train_actor:
                             logp, entropy = actor(mb["input_ids"], mb["attention_mask"], target_mask=m,
-                                                  with_entropy=True)
+                                                  with_entropy=True, choice_mask=mb["choice_mask"],
+                                                  choice_ids=choice_ids)
                             p_sum, p_stats = policy_loss(logp, mb["old_logp"], mb["advantages"], m, cfg.clip_low,
                                                          cfg.clip_high, cfg.dual_clip)
                             if epoch == 0 and mini_index == 0:  # the actor has not moved yet: logp = trainer's old
@@ -581,15 +612,17 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                         backward(accelerator, [(model, loss * W / n_tokens) for model, loss in losses])
                     count = float(m.sum())
                     sums["tokens"] += count
-                    sums["value_loss"] += float(v_sum.detach())
-                    sums["value_clip_frac"] += float(v_stats["clip_frac"]) * count
+                    if use_critic:
+                        sums["value_loss"] += float(v_sum.detach())
+                        sums["value_clip_frac"] += float(v_stats["clip_frac"]) * count
                     if train_actor:
                         sums["policy_loss"] += float(p_sum.detach())
                         sums["entropy"] += float(h_sum.detach())
                         sums["clip_frac"] += float(p_stats["clip_frac"]) * count
                         sums["approx_kl"] += float(p_stats["approx_kl"]) * count
-                grad_norms["critic"].append(optimizer_step(accelerator, critic, opt_critic, sched_critic,
-                                                           cfg.max_grad_norm))
+                if use_critic:
+                    grad_norms["critic"].append(optimizer_step(accelerator, critic, opt_critic, sched_critic,
+                                                               cfg.max_grad_norm))
                 if train_actor:
                     grad_norms["actor"].append(optimizer_step(accelerator, actor, opt_actor, sched_actor,
                                                               cfg.max_grad_norm))
@@ -605,14 +638,15 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             "clip_frac": sums["clip_frac"] / tokens if train_actor else math.nan,
             "approx_kl": sums["approx_kl"] / tokens if train_actor else math.nan,
             "policy_loss": sums["policy_loss"] / tokens if train_actor else math.nan,
-            "value_loss": sums["value_loss"] / tokens,
-            "value_clip_frac": sums["value_clip_frac"] / tokens,
-            "explained_variance": float(explained_variance(values, returns, mask)),
+            "value_loss": sums["value_loss"] / tokens if use_critic else math.nan,
+            "value_clip_frac": sums["value_clip_frac"] / tokens if use_critic else math.nan,
+            "explained_variance": float(explained_variance(values, returns, mask)) if use_critic else math.nan,
             "sampler_logp_gap": (float(masked_mean((batch["sampler_logp"] - old_logp).abs(), mask)) if recompute
                                  else gap[0] / gap[1] if gap[1] else math.nan),
             "advantage_mean": float(masked_mean(advantages, mask)),
             "grad_norm_actor": sum(grad_norms["actor"]) / len(grad_norms["actor"]) if grad_norms["actor"] else 0.0,
-            "grad_norm_critic": sum(grad_norms["critic"]) / len(grad_norms["critic"]),
+            "grad_norm_critic": (sum(grad_norms["critic"]) / len(grad_norms["critic"]) if grad_norms["critic"]
+                                 else math.nan),
             "lr_actor": sched_actor.get_last_lr()[0],
             "tokens_per_s": sum(len(e.token_ids) for e in episodes) / max(elapsed, 1e-9),
             "rollout_s": t_rollout,

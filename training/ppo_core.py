@@ -455,6 +455,24 @@ def entropy_from_logits(logits: torch.Tensor, chunk: int | None = 1024) -> torch
     return _chunked_over_tokens(_entropy_rows, logits, chunk=chunk)
 
 
+def choice_logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, choice_ids: torch.Tensor) -> torch.Tensor:
+    """log π(label | label ∈ C) = z_label − logsumexp(z_C): the log-prob of a token drawn among
+    the choices C only (a constrained verdict; what the sampler returns for it).
+
+    logits: (N, V), labels: (N,) long, choice_ids: (C,) long -> (N,) float32.
+    """
+    z = logits.float()
+    return z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z[:, choice_ids], dim=-1)
+
+
+def choice_entropy_from_logits(logits: torch.Tensor, choice_ids: torch.Tensor) -> torch.Tensor:
+    """Entropy of the distribution renormalised over the choices C: H = −Σ_{c∈C} p_c log p_c.
+
+    logits: (N, V), choice_ids: (C,) long -> (N,) float32.
+    """
+    return _entropy_rows(logits[:, choice_ids])
+
+
 def entropy_sum(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Σ H_t over model tokens (divide by `global_token_count`, like the policy loss).
 

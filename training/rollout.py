@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.protocol import CLOSING_TAGS, format_answer, format_expand
+from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.base import GenerationRequest, LLMBackend
@@ -94,6 +94,9 @@ class Episode:
     info: dict = field(default_factory=dict)
     finish_reason: str = ""
     text: str = ""
+    # 1 where the model token was a constrained choice among the verdict tokens (judgement form,
+    # RolloutConfig.constrain_verdicts): its log-prob is over those choices only. Empty: none.
+    choice_mask: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.check()
@@ -103,6 +106,7 @@ class Episode:
         assert len(self.loss_mask) == n and len(self.sampler_logprobs) == n and len(self.turn_ids) == n, (
             f"parallel arrays differ: {n} ids, {len(self.loss_mask)} mask, {len(self.sampler_logprobs)} logprobs, "
             f"{len(self.turn_ids)} turn ids")
+        assert not self.choice_mask or len(self.choice_mask) == n, "choice_mask differs in length from token_ids"
         assert 0 <= self.prompt_length <= n
 
     @property
@@ -125,6 +129,7 @@ class RolloutConfig:
     seed: int | None = None  # env reset seeds and per-request generation seeds
     force_answer: bool = FORCE_ANSWER_DEFAULT  # one action left: "<answer>" written for the model (SeedsR1's setting)
     reuse_kv_cache: bool = True  # HF backends: keep each episode's KV cache across turns (training.rollout_generation)
+    constrain_verdicts: bool = True  # judgement form: each verdict is sampled among the yes/no tokens only
 
     def __post_init__(self) -> None:
         if self.max_turn_tokens < 1 or self.samples_per_question < 1:
@@ -157,13 +162,16 @@ class _Slot:
     done: bool = False
     finish_reason: str = ""
     info: dict = field(default_factory=dict)
+    choices: list[int] = field(default_factory=list)  # Episode.choice_mask
 
-    def append(self, ids: list[int], mask: int, logprobs: list[float]) -> None:
-        """Tokens of the current turn: model tokens (``mask`` 1) or text it was given (0)."""
+    def append(self, ids: list[int], mask: int, logprobs: list[float], choice: bool = False) -> None:
+        """Tokens of the current turn: model tokens (``mask`` 1) or text it was given (0);
+        ``choice``: a model token picked among constrained choices (a verdict)."""
         self.ids += ids
         self.mask += [mask] * len(ids)
         self.logprobs += logprobs
         self.turns += [self.turn] * len(ids)
+        self.choices += [int(choice)] * len(ids)
 
 
 def _request_seed(seed: int | None, episode: int, turn: int) -> int | None:
@@ -194,6 +202,9 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     if any(env.counter.tokenizer is None for env in venv.envs):
         warnings.warn("the rollout env counts observation caps in whitespace words, evaluation in policy tokens: "
                       "build SearchVectorEnv(..., tokenizer=backend.tokenizer)", stacklevel=2)
+    verdict_ids = ()
+    if config.constrain_verdicts and venv.config.expand_form == "judge":
+        verdict_ids = judge_token_ids(tokenizer)
     jobs = [(g, ex) for g, ex in enumerate(examples) for _ in range(config.samples_per_question)]
     episodes: list[Episode] = []
     from tqdm import tqdm
@@ -201,7 +212,7 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     with tqdm(total=len(jobs), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
         for start in range(0, len(jobs), venv.num_envs):
             chunk = jobs[start:start + venv.num_envs]
-            batch = _Batch(TurnGenerator(backend, config.reuse_kv_cache), venv, config, tokenizer, eos_id)
+            batch = _Batch(TurnGenerator(backend, config.reuse_kv_cache), venv, config, tokenizer, eos_id, verdict_ids)
             episodes.extend(batch.run(chunk, start, prompt_fn, bar))
     return episodes
 
@@ -215,6 +226,7 @@ class _Batch:
     config: RolloutConfig
     tokenizer: Any
     eos_id: int
+    verdict_ids: tuple[int, ...] = ()  # constrained verdict choices (empty: verdicts sampled freely)
 
     @property
     def reserve(self) -> int:
@@ -230,7 +242,7 @@ class _Batch:
         for k, (group, example) in enumerate(chunk):
             ids = list(self.tokenizer(prompt_fn(example.question), add_special_tokens=True)["input_ids"])
             slots.append(_Slot(offset + k, example, group, ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids),
-                               len(ids)))
+                               len(ids), choices=[0] * len(ids)))
             if len(ids) + self.reserve > config.max_context_tokens:
                 _end(venv, slots[k], k, reason="context_limit")
         while True:
@@ -372,7 +384,8 @@ def _episode(slot: _Slot, tokenizer: Any) -> Episode:
     return Episode(token_ids=slot.ids, loss_mask=slot.mask, sampler_logprobs=slot.logprobs, turn_ids=slot.turns,
                    prompt_length=slot.prompt_length, example_id=slot.example.id, group_id=slot.group_id,
                    reward=reward, info=info, finish_reason=slot.finish_reason,
-                   text=tokenizer.decode(slot.ids, skip_special_tokens=False))
+                   text=tokenizer.decode(slot.ids, skip_special_tokens=False),
+                   choice_mask=slot.choices if any(slot.choices) else [])
 
 
 # ------------------------------------------------------------------------------ statistics

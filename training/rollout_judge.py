@@ -2,7 +2,9 @@
 
 After a snapshot the episode's token stream is the interleaved rendering of
 :func:`envs.protocol.judge_chunks`: candidate 1 and its question (prompt tokens, loss mask 0),
-the policy's ONE verdict token (generated with ``max_tokens=1``: a model token with its log-prob),
+the policy's ONE verdict token (generated with ``max_tokens=1``: a model token with its log-prob;
+with ``RolloutConfig.constrain_verdicts`` it is drawn among the yes/no tokens only, its log-prob
+renormalised over them, and the episode's ``choice_mask`` marks it so the trainer scores it the same way),
 candidate 2 and its question, its verdict, ..., then the closing text. The verdict words become
 the env's expand action (:func:`envs.protocol.judgement_action`); a word other than yes/no is an
 invalid action the env refuses and scores. Each verdict sits right after the preview it is about,
@@ -38,7 +40,8 @@ def verdict_request(batch: Any, slot: Any, step: int) -> GenerationRequest:
     config = batch.config
     seed = _request_seed(config.seed, slot.index, 1000 * (slot.turn + 1) + step)
     return GenerationRequest(list(slot.ids), stop=(), max_tokens=1, temperature=config.temperature,
-                             top_p=config.top_p, top_k=config.top_k, seed=seed)
+                             top_p=config.top_p, top_k=config.top_k, seed=seed,
+                             allowed_token_ids=batch.verdict_ids)
 
 
 def judge_snapshots(batch: Any, slots: list, pending: dict[int, tuple[list[str], str]]) -> dict[int, str]:
@@ -55,12 +58,11 @@ def judge_snapshots(batch: Any, slots: list, pending: dict[int, tuple[list[str],
         for k, result in zip(rows, results):
             completion, slot = result.completions[0], slots[k]
             if completion.finish_reason == "error":
-
-
                 _end(batch.venv, slot, k, reason="error")
                 slot.info["error"] = completion.error
                 continue
-            slot.append(completion.token_ids, 1, [float(x) for x in completion.logprobs])
+            slot.append(completion.token_ids, 1, [float(x) for x in completion.logprobs],
+                        choice=bool(batch.verdict_ids))
             words[k].append(batch.tokenizer.decode(completion.token_ids))
     actions = {}
     for k, (_, closing) in pending.items():

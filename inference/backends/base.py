@@ -27,6 +27,9 @@ class GenerationRequest:
     template or the plain-text fallback), raw text, or token ids (used as they are).
     ``stop``: strings that end a completion; the matched stop string stays in the text.
     ``top_k <= 0`` and ``top_p == 1`` disable those filters; ``temperature == 0`` is greedy.
+    ``allowed_token_ids``: when not empty, every generated token is one of these (a constrained
+    choice, e.g. the yes/no verdict of the judgement form); the completion's log-probs are then
+    those of the distribution renormalised over these tokens (see each backend's notes).
     """
 
     prompt: Prompt
@@ -37,6 +40,7 @@ class GenerationRequest:
     top_k: int = 0
     seed: int | None = None
     n: int = 1
+    allowed_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -49,6 +53,10 @@ class GenerationRequest:
             raise ValueError("top_p must lie in (0, 1]")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        allowed = tuple(self.allowed_token_ids)
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in allowed):
+            raise ValueError(f"allowed_token_ids must be non-negative token ids, not {allowed!r}")
+        object.__setattr__(self, "allowed_token_ids", allowed)
 
 
 @dataclass

@@ -66,6 +66,20 @@ class IncrementalText:
         return self.text + self.pending
 
 
+def restrict_to_allowed(logits: torch.Tensor, allowed: list[tuple[int, ...]]) -> torch.Tensor:
+    """``logits`` ``[b, V]`` with every token outside row ``i``'s ``allowed[i]`` set to -inf
+    (rows with an empty tuple unchanged). Returns the same tensor when no row is constrained."""
+    if not any(allowed):
+        return logits
+    keep = torch.zeros_like(logits, dtype=torch.bool)
+    for i, ids in enumerate(allowed):
+        if ids:
+            keep[i, list(ids)] = True
+        else:
+            keep[i] = True
+    return logits.masked_fill(~keep, float("-inf"))
+
+
 def sample_seed(seed: int, sample: int) -> int:
     """The generator seed of sample ``sample`` of a request with ``seed`` (stable across runs)."""
     digest = hashlib.sha256(f"{seed}:{sample}".encode()).digest()

@@ -55,7 +55,7 @@ import torch
 
 from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import prompt_token_ids
-from inference.backends.decoding import IncrementalText, sample_seed, sample_tokens
+from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
 from inference.backends.hf_cache import growing_cache_supported, merge_left_padded, new_growing_cache
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
 
@@ -184,7 +184,7 @@ class HFBackend(LLMBackend):
             except Exception as err:  # a malformed prompt fails its own request only
                 ids, errors[i] = [], f"could not tokenise the prompt: {err}"
             prompts.append(ids)
-            if i not in errors and (problem := self._prompt_problem(ids)):
+            if i not in errors and (problem := self._prompt_problem(ids, request.allowed_token_ids)):
                 errors[i] = problem
             if i not in errors:
                 rows.extend(self._rows(i, ids, request))
@@ -228,7 +228,9 @@ class HFBackend(LLMBackend):
                 ids.update(int(v) for v in value)
         return frozenset(ids)
 
-    def _prompt_problem(self, ids: list[int]) -> str | None:
+    def _prompt_problem(self, ids: list[int], allowed: tuple[int, ...] = ()) -> str | None:
+        if any(t >= self.vocab_size for t in allowed):
+            return f"allowed_token_ids outside the vocabulary (size {self.vocab_size}): {list(allowed)}"
         if not ids:
             return "the prompt has no tokens"
         if self.max_context is not None and len(ids) >= self.max_context:
@@ -321,7 +323,10 @@ class HFBackend(LLMBackend):
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token of every row. ``logits``: ``[b, V]`` float32. Returns token ids ``[b]`` and
-        their log-probs ``[b]`` as ``logprobs_mode`` defines them."""
+        their log-probs ``[b]`` as ``logprobs_mode`` defines them. Rows with ``allowed_token_ids``
+        choose among those tokens only: their logits are restricted first, so both the sample and
+        the "raw" log-prob are those of the model's distribution renormalised over the choices."""
+        logits = restrict_to_allowed(logits, [row.settings.allowed_token_ids for row in rows])
         tokens = logits.argmax(-1)  # greedy rows keep these
         processed = torch.zeros(len(rows), device=logits.device)  # log 1 for greedy rows
         sampled = [k for k, row in enumerate(rows) if row.settings.temperature > 0]

@@ -57,6 +57,10 @@ def request_body(model: str, request: GenerationRequest, vllm_extensions: bool) 
         body["stop"] = list(request.stop)
     if request.seed is not None:
         body["seed"] = request.seed
+    if request.allowed_token_ids:
+        if not vllm_extensions:
+            raise ValueError("allowed_token_ids needs a vLLM-compatible server (vllm_extensions on)")
+        body["allowed_token_ids"] = list(request.allowed_token_ids)
     if vllm_extensions:
         if request.top_k > 0:
             body["top_k"] = request.top_k

@@ -51,8 +51,11 @@ def sampling_kwargs(request: GenerationRequest) -> dict[str, Any]:
     """``vllm.SamplingParams`` keyword arguments for one request.
 
     ``top_k <= 0`` becomes ``-1`` (disabled in every vLLM release; recent ones also take 0), and
-    ``logprobs=0`` asks for the sampled token's log-probability only.
+    ``logprobs=0`` asks for the sampled token's log-probability only. ``allowed_token_ids`` maps
+    to vLLM's own; vLLM's default ``raw_logprobs`` are then the full-vocabulary log-probs, not the
+    renormalised choice (the trainer recomputes old log-probs for vLLM rollouts by default).
     """
+    extra = {"allowed_token_ids": list(request.allowed_token_ids)} if request.allowed_token_ids else {}
     return dict(
         n=request.n,
         temperature=request.temperature,
@@ -63,6 +66,7 @@ def sampling_kwargs(request: GenerationRequest) -> dict[str, Any]:
         stop=list(request.stop) or None,
         include_stop_str_in_output=True,
         logprobs=0,
+        **extra,
     )
 
 
