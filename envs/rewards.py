@@ -51,3 +51,12 @@ def selection_reward(
     if not answer_correct:
         bonus -= config.missed_positive_penalty * positives_missed
     return bonus
+
+
+def verdict_reward_gap(opened: bool, positive: bool, answer_correct: bool, config: RewardConfig) -> float:
+    """r(chosen) − r(other) for ONE judged candidate: its own term of :func:`selection_reward`
+    under the verdict taken minus under the other verdict (open: +alpha if positive else −beta;
+    skip: −gamma if positive and the answer is wrong, else 0)."""
+    open_value = config.positive_opened_bonus if positive else -config.negative_opened_penalty
+    skip_value = -config.missed_positive_penalty if positive and not answer_correct else 0.0
+    return (open_value - skip_value) if opened else (skip_value - open_value)

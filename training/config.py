@@ -132,6 +132,10 @@ class PPOConfig:
     gamma: float = 1.0
     lam: float = 1.0
     advantage: str = "gae"  # gae (with a critic) | grpo | reinforce (group baselines: no critic is built)
+    # judgement form: each verdict token's advantage also gets its candidate's own selection term as an
+    # exact two-choice advantage, (1 − π(chosen))·(r(chosen) − r(other)), scaled to unit RMS over the
+    # batch's verdicts and multiplied by this coefficient (0: verdicts share the episode's advantage only)
+    verdict_credit: float = 0.0
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
     max_grad_norm: float = 1.0
     # ---- run
@@ -156,6 +160,10 @@ class PPOConfig:
                      "samples_per_question", "num_envs", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.verdict_credit < 0:
+            raise ConfigError("verdict_credit must be at least 0")
+        if self.verdict_credit > 0 and not self.constrain_verdicts:
+            raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.require_sft_checkpoint and not self.sft_checkpoint:
             raise ConfigError(
                 "this recipe requires sft_checkpoint (require_sft_checkpoint: true): the quick CPU warm start "

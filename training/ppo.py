@@ -61,6 +61,7 @@ from training.ppo_core import (
     masked_sum,
     policy_loss,
     token_level_rewards,
+    two_choice_advantages,
     value_loss,
 )
 
@@ -157,6 +158,7 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
     loss_mask = torch.zeros((B, width), dtype=torch.float32)
     sampler = torch.zeros((B, width), dtype=torch.float32)
     choice = torch.zeros((B, width), dtype=torch.float32)
+    gap = torch.zeros((B, width), dtype=torch.float32)
     for i, e in enumerate(episodes):
         n = len(e.token_ids)
         ids[i, :n] = torch.tensor(e.token_ids)
@@ -165,8 +167,11 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
         sampler[i, :n] = torch.tensor(e.sampler_logprobs, dtype=torch.float32)
         if e.choice_mask:
             choice[i, :n] = torch.tensor(e.choice_mask, dtype=torch.float32)
+        if e.choice_reward_gap:
+            gap[i, :n] = torch.tensor(e.choice_reward_gap, dtype=torch.float32)
     batch = {"input_ids": ids, "attention_mask": attention, "model_mask": loss_mask[:, 1:],
              "sampler_logp": sampler[:, 1:], "choice_mask": choice[:, 1:],
+             "choice_reward_gap": gap[:, 1:],
              "reward": torch.tensor([e.reward for e in episodes]),
              "group_id": torch.tensor([e.group_id for e in episodes])}
     return {k: v.to(device) for k, v in batch.items()}
@@ -567,6 +572,9 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         advantages, returns = compute_advantages(
             cfg.advantage, token_rewards=token_rewards, values=values, model_mask=mask, scores=batch["reward"],
             group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam, accelerator=accelerator)
+        if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
+            advantages = advantages + cfg.verdict_credit * two_choice_advantages(
+                old_logp, batch["choice_reward_gap"], batch["choice_mask"] * mask, accelerator)
         batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages,
                      returns=returns)
 

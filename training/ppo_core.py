@@ -333,6 +333,23 @@ def reinforce_advantages(
     return (returns - b) * m, returns
 
 
+@torch.no_grad()
+def two_choice_advantages(
+    choice_logp: torch.Tensor, reward_gap: torch.Tensor, choice_mask: torch.Tensor, accelerator=None
+) -> torch.Tensor:
+    """Exact advantage of a two-way choice whose own reward is known for both options:
+    A = r(a) − Σ_b π(b)·r(b) = (1 − π(a))·(r(a) − r(other)), scaled to unit RMS over the choices.
+
+    choice_logp: (B, T) log π(a) of the chosen option (renormalised over the two), reward_gap:
+    (B, T) r(a) − r(other), choice_mask: (B, T) 1 at choices -> (B, T), 0 off the choices.
+    """
+    m = choice_mask.to(choice_logp.dtype)
+    a = (1.0 - choice_logp.exp()) * reward_gap * m
+    n, square_sum = _reduce_sum(torch.stack([m.sum().double(), (a.double() ** 2).sum()]), accelerator).unbind()
+    rms = torch.sqrt(square_sum / n.clamp(min=1.0)).to(a.dtype)
+    return torch.where(rms > 0, a / rms.clamp(min=1e-12), torch.zeros_like(a))
+
+
 # --------------------------------------------------------------------------- losses
 
 

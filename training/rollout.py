@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
+from envs.rewards import RewardConfig
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.base import GenerationRequest, LLMBackend
@@ -73,7 +74,7 @@ from methods.agent_loop import (
     must_force_answer,
 )
 from training.rollout_generation import TurnGenerator, eos_logprobs
-from training.rollout_judge import judge_snapshots, judging_rows
+from training.rollout_judge import judge_snapshots, judging_rows, record_judgement, verdict_reward_gaps
 
 __all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
 
@@ -97,6 +98,9 @@ class Episode:
     # 1 where the model token was a constrained choice among the verdict tokens (judgement form,
     # RolloutConfig.constrain_verdicts): its log-prob is over those choices only. Empty: none.
     choice_mask: list[int] = field(default_factory=list)
+    # per token: at an accepted verdict, r(chosen) − r(other) of its candidate's own selection term
+    # (envs.rewards.verdict_reward_gap), 0 elsewhere; the trainer's verdict_credit. Empty: none.
+    choice_reward_gap: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.check()
@@ -107,6 +111,7 @@ class Episode:
             f"parallel arrays differ: {n} ids, {len(self.loss_mask)} mask, {len(self.sampler_logprobs)} logprobs, "
             f"{len(self.turn_ids)} turn ids")
         assert not self.choice_mask or len(self.choice_mask) == n, "choice_mask differs in length from token_ids"
+        assert not self.choice_reward_gap or len(self.choice_reward_gap) == n, "choice_reward_gap differs in length"
         assert 0 <= self.prompt_length <= n
 
     @property
@@ -163,6 +168,8 @@ class _Slot:
     finish_reason: str = ""
     info: dict = field(default_factory=dict)
     choices: list[int] = field(default_factory=list)  # Episode.choice_mask
+    pending_verdicts: list[tuple[int, bool]] = field(default_factory=list)  # (token position, opened) being judged
+    judgements: list[tuple[int, list[tuple[int, bool]]]] = field(default_factory=list)  # (search index, verdicts)
 
     def append(self, ids: list[int], mask: int, logprobs: list[float], choice: bool = False) -> None:
         """Tokens of the current turn: model tokens (``mask`` 1) or text it was given (0);
@@ -251,7 +258,7 @@ class _Batch:
             if bar is not None:
                 bar.update(offset + len(slots) - len(live) - bar.n)
             if not live:
-                return [_episode(slot, self.tokenizer) for slot in slots]
+                return [_episode(slot, self.tokenizer, venv.config.reward) for slot in slots]
             forced = self.open_forced_answers(slots, live) if config.force_answer else set()
             live = [k for k in live if not slots[k].done]
             if live:
@@ -311,6 +318,7 @@ class _Batch:
             actions[k] = action
         observations, _, terminated, truncated, infos = self.venv.step(actions)
         for k in expands:
+            record_judgement(slots[k], infos[k])
             if not self.close_if_ended(slots[k], terminated[k], truncated[k], infos[k]):
                 if self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
                     slots[k].turn += 1
@@ -378,14 +386,15 @@ def _end(venv: SearchVectorEnv, slot: _Slot, k: int, reason: str) -> None:
     slot.info = venv.envs[k].summary()
 
 
-def _episode(slot: _Slot, tokenizer: Any) -> Episode:
+def _episode(slot: _Slot, tokenizer: Any, reward_config: RewardConfig) -> Episode:
     reward = float(slot.info.get("reward", {}).get("total", 0.0))
     info = dict(slot.info)
     return Episode(token_ids=slot.ids, loss_mask=slot.mask, sampler_logprobs=slot.logprobs, turn_ids=slot.turns,
                    prompt_length=slot.prompt_length, example_id=slot.example.id, group_id=slot.group_id,
                    reward=reward, info=info, finish_reason=slot.finish_reason,
                    text=tokenizer.decode(slot.ids, skip_special_tokens=False),
-                   choice_mask=slot.choices if any(slot.choices) else [])
+                   choice_mask=slot.choices if any(slot.choices) else [],
+                   choice_reward_gap=verdict_reward_gaps(slot, len(slot.ids), reward_config))
 
 
 # ------------------------------------------------------------------------------ statistics

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs.protocol import judge_chunks, judgement_action
+from envs.protocol import JUDGE_WORDS, judge_chunks, judgement_action
+from envs.rewards import RewardConfig, verdict_reward_gap
 from inference.backends.base import GenerationRequest
 
 
@@ -64,9 +65,34 @@ def judge_snapshots(batch: Any, slots: list, pending: dict[int, tuple[list[str],
             slot.append(completion.token_ids, 1, [float(x) for x in completion.logprobs],
                         choice=bool(batch.verdict_ids))
             words[k].append(batch.tokenizer.decode(completion.token_ids))
+            slot.pending_verdicts.append((len(slot.ids) - 1, words[k][-1].strip().lower() == JUDGE_WORDS[0].strip()))
     actions = {}
     for k, (_, closing) in pending.items():
         if slots[k].done or not batch.append_prompt_text(slots[k], k, [closing]):
             continue
         actions[k] = judgement_action(words[k])
     return actions
+
+
+def record_judgement(slot: Any, info: dict) -> None:
+    """After the env's step on a judgement: keep its verdicts (token position, opened) with the
+    search they judged when the env accepted the expand; a refused one opened nothing."""
+    verdicts, slot.pending_verdicts = slot.pending_verdicts, []
+    if info.get("action") == "expand" and verdicts:
+        slot.judgements.append((int(info["n_searches"]) - 1, verdicts))
+
+
+def verdict_reward_gaps(slot: Any, num_tokens: int, config: RewardConfig) -> list[float]:
+    """Per token of the episode: at each accepted verdict, :func:`envs.rewards.verdict_reward_gap`
+    of its candidate (labels from the episode's search records, answer correctness from its end);
+    0 elsewhere. Empty when the episode judged nothing (``Episode.choice_reward_gap``)."""
+    searches = slot.info.get("searches", [])
+    if not slot.judgements or not searches:
+        return []
+    correct = slot.info.get("metrics", {}).get("em", 0.0) == 1.0  # as Episode.reward_breakdown decides
+    gaps = [0.0] * num_tokens
+    for search_index, verdicts in slot.judgements:
+        positive = searches[search_index]["positive"]
+        for i, (position, opened) in enumerate(verdicts[:len(positive)]):
+            gaps[position] = verdict_reward_gap(opened, positive[i], correct, config)
+    return gaps
