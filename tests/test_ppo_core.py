@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from training import advantages as adv_mod
 from training import ppo_core as pc
 
 
@@ -79,7 +80,7 @@ def test_gae_skips_observation_tokens_in_the_middle():
     rewards = t([0.0, 0.5, 7.0, 7.0, 0.0, 1.0])
     values = t([0.2, 0.4, 9.0, 9.0, 0.5, 0.6])
     mask = t([1, 1, 0, 0, 1, 1])
-    adv, ret = pc.gae_advantages(rewards, values, mask, gamma=0.9, lam=0.8)
+    adv, ret = adv_mod.gae_advantages(rewards, values, mask, gamma=0.9, lam=0.8)
     # gamma*lam = 0.72
     # t=5: d = 1 + 0.9*0 - 0.6 = 0.4                     A5 = 0.4
     # t=4: d = 0 + 0.9*0.6 - 0.5 = 0.04                  A4 = 0.04 + 0.72*0.4 = 0.328
@@ -95,7 +96,7 @@ def test_gae_row_with_one_model_token_and_batching():
     rewards = t([0.0, 0.5, 7.0, 7.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     values = t([0.2, 0.4, 9.0, 9.0, 0.5, 0.6], [5.0, 5.0, 0.3, 5.0, 5.0, 5.0])
     mask = t([1, 1, 0, 0, 1, 1], [0, 0, 1, 0, 0, 0])
-    adv, ret = pc.gae_advantages(rewards, values, mask, gamma=0.9, lam=0.8)
+    adv, ret = adv_mod.gae_advantages(rewards, values, mask, gamma=0.9, lam=0.8)
     # single model token: next value 0 after it, so A = 1 - 0.3 = 0.7, return 1.0
     close(adv[1], [0.0, 0.0, 0.7, 0.0, 0.0, 0.0])
     close(ret[1], [0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
@@ -106,7 +107,7 @@ def test_gae_gamma_lambda_one_is_reward_to_go_minus_value():
     rewards = t([0.1, 0.0, 0.2, 1.0])
     values = t([0.5, 5.0, 0.25, 0.75])
     mask = t([1, 0, 1, 1])
-    adv, ret = pc.gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    adv, ret = adv_mod.gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
     # reward-to-go over model tokens: G = (1.3, -, 1.2, 1.0); A = G - V = (0.8, 0, 0.95, 0.25)
     close(adv, [[0.8, 0.0, 0.95, 0.25]], atol=1e-6)
     close(ret, [[1.3, 0.0, 1.2, 1.0]], atol=1e-6)
@@ -116,8 +117,8 @@ def test_gae_estimator_whitens_over_model_tokens():
     rewards = t([0.1, 0.0, 0.2, 1.0])
     values = t([0.5, 5.0, 0.25, 0.75])
     mask = t([1, 0, 1, 1])
-    adv, ret = pc.compute_advantages("gae", token_rewards=rewards, values=values, model_mask=mask,
-                                     scores=torch.tensor([1.0]))  # extra keys are ignored
+    adv, ret = adv_mod.compute_advantages("gae", token_rewards=rewards, values=values, model_mask=mask,
+                                          scores=torch.tensor([1.0]))  # fields it does not read are ignored
     # raw A on model tokens (0.8, 0.95, 0.25): mean 2/3; deviations 2/15, 17/60, -5/12;
     # squares 0.0177778 + 0.0802778 + 0.1736111 = 0.2716667, /2 = 0.1358333, std 0.3685557;
     # deviations / std = 0.3617725, 0.7687666, -1.1305391
@@ -132,7 +133,7 @@ def test_grpo_two_interleaved_groups():
     scores = torch.tensor([1.0, 2.0, 0.0, 0.0, 1.0])
     groups = ["a", "b", "a", "b", "a"]
     mask = t([1, 1, 0], [0, 1, 1], [1, 0, 0], [1, 1, 1], [0, 0, 1])
-    adv, ret = pc.compute_advantages("grpo", scores=scores, group_ids=groups, model_mask=mask)
+    adv, ret = adv_mod.compute_advantages("grpo", scores=scores, group_ids=groups, model_mask=mask)
     # group a = (1, 0, 1): mean 2/3, unbiased var (1/9 + 4/9 + 1/9)/2 = 1/3, std 0.5773503
     #   -> (1/3)/0.5773503 = 0.5773503, (-2/3)/0.5773503 = -1.1547005
     # group b = (2, 0): mean 1, unbiased std sqrt(2) -> +-0.7071068
@@ -141,48 +142,50 @@ def test_grpo_two_interleaved_groups():
     close(adv, expected, atol=1e-5)
     close(ret, scores[:, None] * mask)
     # integer tensor ids give the same answer
-    adv2, _ = pc.grpo_advantages(scores, torch.tensor([7, 3, 7, 3, 7]), mask)
+    adv2, _ = adv_mod.grpo_advantages(scores, torch.tensor([7, 3, 7, 3, 7]), mask)
     close(adv2, expected, atol=1e-5)
     # equal scores and singleton groups carry no signal
-    adv3, _ = pc.grpo_advantages(torch.tensor([1.0, 1.0, 5.0]), [0, 0, 1], torch.ones(3, 2))
+    adv3, _ = adv_mod.grpo_advantages(torch.tensor([1.0, 1.0, 5.0]), [0, 0, 1], torch.ones(3, 2))
     close(adv3, torch.zeros(3, 2))
 
 
 def test_reinforce_batch_mean_and_given_baseline():
     scores = torch.tensor([1.0, 0.0, 0.5, 0.5])
     mask = t([1, 0, 1], [1, 1, 0], [0, 0, 1], [1, 1, 1])
-    adv, ret = pc.compute_advantages("reinforce", scores=scores, model_mask=mask)
+    adv, ret = adv_mod.compute_advantages("reinforce", scores=scores, model_mask=mask)
     # batch mean 0.5 -> R - b = (0.5, -0.5, 0, 0)
     close(adv, [[0.5, 0, 0.5], [-0.5, -0.5, 0], [0, 0, 0], [0, 0, 0]])
     close(ret, scores[:, None] * mask)
     # per-token value baseline: A_t = R - V_t on model tokens
     values = t([0.2, 9.0, 0.7], [0.1, -0.3, 9.0], [9.0, 9.0, 0.0], [0.5, 1.0, 0.25])
-    adv, _ = pc.reinforce_advantages(scores, mask, baseline=values)
+    adv, _ = adv_mod.reinforce_advantages(scores, mask, baseline=values)
     close(adv, [[0.8, 0, 0.3], [-0.1, 0.3, 0], [0, 0, 0.5], [0, -0.5, 0.25]], atol=1e-6)
     # per-episode baseline
-    adv, _ = pc.reinforce_advantages(scores, mask, baseline=torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    adv, _ = adv_mod.reinforce_advantages(scores, mask, baseline=torch.tensor([1.0, 1.0, 0.0, 0.0]))
     close(adv, [[0, 0, 0], [-1, -1, 0], [0, 0, 0.5], [0.5, 0.5, 0.5]])
 
 
 def test_register_estimator_and_unknown_name():
-    assert set(pc.ADVANTAGE_ESTIMATORS) >= {"gae", "grpo", "reinforce"}
+    assert set(adv_mod.ADVANTAGE_ESTIMATORS) >= {"gae", "grpo", "reinforce"}
 
-    @pc.register_estimator("_test_const")
-    def const(model_mask, value=3.0):
-        m = model_mask.float()
-        return value * m, m
+    @adv_mod.register_estimator("_test_const")
+    def const(batch):
+        m = batch.model_mask.float()
+        return 3.0 * m, m
 
     try:
-        adv, _ = pc.compute_advantages("_test_const", model_mask=t([1, 0]), scores=torch.ones(1))
+        adv, _ = adv_mod.compute_advantages("_test_const", model_mask=t([1, 0]), scores=torch.ones(1))
         close(adv, [[3.0, 0.0]])
         with pytest.raises(ValueError):
-            pc.register_estimator("_test_const")(const)
+            adv_mod.register_estimator("_test_const")(const)
     finally:
-        del pc.ADVANTAGE_ESTIMATORS["_test_const"]
+        del adv_mod.ADVANTAGE_ESTIMATORS["_test_const"]
     with pytest.raises(ValueError):
-        pc.compute_advantages("nope", model_mask=t([1]))
-    with pytest.raises(TypeError):  # required key missing
-        pc.compute_advantages("grpo", scores=torch.ones(1), model_mask=t([1]))
+        adv_mod.compute_advantages("nope", model_mask=t([1]))
+    with pytest.raises(TypeError, match="group_ids"):  # a field the estimator needs is missing
+        adv_mod.compute_advantages("grpo", scores=torch.ones(1), model_mask=t([1]))
+    with pytest.raises(ValueError, match="one AdvantageBatch"):  # one signature for every estimator
+        adv_mod.register_estimator("_test_two")(lambda model_mask, scores: (model_mask, model_mask))
 
 
 # --------------------------------------------------------------------------- policy and value loss

@@ -16,7 +16,7 @@ from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
 from training.config import ConfigError, PPOConfig
 from training.ppo import episodes_to_batch
-from training.ppo_core import two_choice_advantages
+from training.advantages import two_choice_advantages
 from training.rollout import RolloutConfig, collect_rollouts
 
 REWARD = RewardConfig(positive_opened_bonus=0.1, negative_opened_penalty=0.05, missed_positive_penalty=0.05)

@@ -131,7 +131,18 @@ class PPOConfig:
     old_logprobs: str = "recompute"
     gamma: float = 1.0
     lam: float = 1.0
-    advantage: str = "gae"  # gae (with a critic) | grpo | reinforce (group baselines: no critic is built)
+    advantage: str = "gae"  # gae (critic) | grpo | rloo | reinforce | reinforce_pp (README: the formulas)
+    grpo_std_normalize: bool = True  # grpo: divide by the group's std (false: Dr. GRPO)
+    # how per-token losses become one: token_mean | seq_mean_token_mean | seq_mean_token_sum |
+    # seq_mean_token_sum_norm (divides by loss_agg_norm_tokens, a constant; null: max_context_tokens)
+    loss_agg: str = "token_mean"
+    loss_agg_norm_tokens: int | None = None
+    # off-policy correction of the sampler against the trainer's recomputed old log-probs:
+    # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap])
+    tis: str = "none"
+    tis_mode: str = "truncate"
+    tis_cap: float = 2.0
+    tis_low: float = 0.5
     # judgement form: each verdict token's advantage also gets its candidate's own selection term as an
     # exact two-choice advantage, (1 − π(chosen))·(r(chosen) − r(other)), scaled to unit RMS over the
     # batch's verdicts and multiplied by this coefficient (0: verdicts share the episode's advantage only)
@@ -151,7 +162,10 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"),
-                   "advantage": ("gae", "grpo", "reinforce"), "report_to": ("none", "wandb"),
+                   "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp"),
+                   "report_to": ("none", "wandb"), "tis": ("none", "token", "sequence"),
+                   "tis_mode": ("truncate", "mask"),
+                   "loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
                    "rollout_engine": ("hf", "vllm"), "old_logprobs": ("recompute", "sampler")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -160,6 +174,10 @@ class PPOConfig:
                      "samples_per_question", "num_envs", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.tis != "none" and self.old_logprobs != "recompute":
+            raise ConfigError("tis corrects the sampler against recomputed old log-probs: set old_logprobs: recompute")
+        if not 0 < self.tis_low <= 1 <= self.tis_cap:
+            raise ConfigError("importance sampling bounds need 0 < tis_low <= 1 <= tis_cap")
         if self.verdict_credit < 0:
             raise ConfigError("verdict_credit must be at least 0")
         if self.verdict_credit > 0 and not self.constrain_verdicts:

@@ -169,7 +169,7 @@ def _lora_config(settings: Any, task_type: str | None, num_layers: int):
 
 
 def uses_critic(cfg: Any) -> bool:
-    """Only GAE needs a learned value; group baselines (grpo, reinforce) run without a critic."""
+    """Only GAE needs a learned value; the others (grpo, rloo, reinforce, reinforce_pp) run without a critic."""
     return getattr(cfg, "advantage", "gae") == "gae"
 
 

@@ -16,10 +16,13 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
 3. with no gradients: old log-probs (trainer's own forward, or the sampler's with ``old_logprobs: sampler``), reference
    log-probs (adapter off / frozen copy), values;
 4. token rewards: the episode reward on its last model token, −β·KL on model tokens when
-   ``kl_mode == "reward"``; advantages and returns from the chosen estimator (gae/grpo/reinforce);
-5. ``ppo_epochs`` × ``mini_batches`` optimizer steps, each accumulating micro-batches of
-   loss = (policy_sum + vf_coef·value_sum − entropy_coef·entropy_sum [+ β·KL_sum]) · W / N,
-   N = model tokens of the whole mini-batch on all W processes (a true token mean);
+   ``kl_mode == "reward"``; advantages and returns from the chosen estimator
+   (:mod:`training.advantages`: gae, grpo, rloo, reinforce, reinforce_pp); with ``tis``, the sampler's
+   tokens get importance weights toward the trainer's old policy;
+5. ``ppo_epochs`` × ``mini_batches`` optimizer steps, each accumulating micro-batches of the
+   actor's per-token loss (clipped surrogate − entropy_coef·H [+ β·KL]) aggregated by ``loss_agg``
+   over the whole mini-batch on all W processes (``token_mean``: a true token mean), plus
+   vf_coef · the critic's token-mean value loss;
    the first ``critic_warmup_updates`` updates train the critic only;
 6. log, checkpoint every ``save_every`` updates and at the end.
 
@@ -51,17 +54,18 @@ import yaml
 from training.config import ConfigError, PPOConfig, load_config, save_resolved, to_dict
 from training.curves import write_curves_or_warn
 from training.policy_eval import result_line
+from training.advantages import AdvantageBatch, compute_advantages, two_choice_advantages
 from training.ppo_core import (
-    compute_advantages,
-    entropy_sum,
+    aggregate_loss,
     explained_variance,
+    global_sequence_count,
     global_token_count,
+    importance_weights,
     kl_penalty,
     masked_mean,
     masked_sum,
-    policy_loss,
+    policy_loss_terms,
     token_level_rewards,
-    two_choice_advantages,
     value_loss,
 )
 
@@ -237,6 +241,27 @@ def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.T
     if env_config.expand_form != "judge" or not cfg.constrain_verdicts:
         return None
     return torch.tensor(judge_token_ids(tokenizer), dtype=torch.long, device=device)
+
+
+def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, mb: dict[str, torch.Tensor],
+                    n_tokens: torch.Tensor, n_sequences: torch.Tensor) -> tuple[torch.Tensor, float, float, dict]:
+    """One micro-batch's share of the actor's loss, aggregated by ``cfg.loss_agg``
+    (:func:`training.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
+
+    Per model token: PPO's clipped surrogate (times the importance weight with ``tis``)
+    − entropy_coef·H_t (+ kl_coef·KL_t with ``kl_mode: loss``). logp, entropy: (B, T).
+    """
+    mask = mb["model_mask"]
+    surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low,
+                                         cfg.clip_high, cfg.dual_clip)
+    if "is_weight" in mb:
+        surrogate = surrogate * mb["is_weight"]
+    per_token = surrogate - cfg.entropy_coef * entropy
+    if cfg.kl_mode == "loss":
+        per_token = per_token + cfg.kl_coef * kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator)
+    norm = float(cfg.loss_agg_norm_tokens or cfg.max_context_tokens)
+    loss = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_sequences, norm)
+    return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats
 
 
 def set_train_mode(training: bool, *models) -> None:
@@ -569,14 +594,19 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask if with_reference else torch.zeros_like(mask)
         token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
                                             cfg.kl_coef)
-        advantages, returns = compute_advantages(
-            cfg.advantage, token_rewards=token_rewards, values=values, model_mask=mask, scores=batch["reward"],
-            group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam, accelerator=accelerator)
+        advantages, returns = compute_advantages(cfg.advantage, AdvantageBatch(
+            model_mask=mask, token_rewards=token_rewards, values=values, scores=batch["reward"],
+            group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam, std_normalize=cfg.grpo_std_normalize,
+            accelerator=accelerator))
         if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
             advantages = advantages + cfg.verdict_credit * two_choice_advantages(
                 old_logp, batch["choice_reward_gap"], batch["choice_mask"] * mask, accelerator)
         batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages,
                      returns=returns)
+        tis_stats = {}
+        if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
+            batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
+                                                               cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
 
         # 5. PPO epochs x mini-batches, gradient accumulation over micro-batches
         sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clip_frac": 0.0, "approx_kl": 0.0,
@@ -588,6 +618,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             order = torch.randperm(B, generator=shuffle).to(accelerator.device)
             for mini_index, mini in enumerate(order.tensor_split(cfg.mini_batches)):
                 n_tokens = global_token_count(mask[mini], accelerator)
+                n_sequences = global_sequence_count(mask[mini], accelerator)
                 micro = mini.split(cfg.micro_batch_size)
                 for k, rows in enumerate(micro):
                     mb = select(batch, rows)
@@ -600,32 +631,27 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                             new_values = sequence_values(critic, mb["input_ids"], mb["attention_mask"])
                             v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m,
                                                         cfg.value_clip)
-                            losses.append((critic, cfg.vf_coef * v_sum))
+                            losses.append((critic, cfg.vf_coef * v_sum * W / n_tokens))
                         if train_actor:
                             stack.enter_context(accumulating(accelerator, actor, last))
                             logp, entropy = actor(mb["input_ids"], mb["attention_mask"], target_mask=m,
                                                   with_entropy=True, choice_mask=mb["choice_mask"],
                                                   choice_ids=choice_ids)
-                            p_sum, p_stats = policy_loss(logp, mb["old_logp"], mb["advantages"], m, cfg.clip_low,
-                                                         cfg.clip_high, cfg.dual_clip)
+                            actor_loss, p_sum, h_sum, p_stats = actor_objective(cfg, logp, entropy, mb, n_tokens,
+                                                                                n_sequences)
                             if epoch == 0 and mini_index == 0:  # the actor has not moved yet: logp = trainer's old
                                 gap[0] += float(masked_sum((mb["sampler_logp"] - logp.detach()).abs(), m))
                                 gap[1] += float(m.sum())
-                            h_sum = entropy_sum(entropy, m)
-                            actor_loss = p_sum - cfg.entropy_coef * h_sum
-                            if cfg.kl_mode == "loss":
-                                actor_loss = actor_loss + cfg.kl_coef * masked_sum(
-                                    kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator), m)
-                            losses.append((actor, actor_loss))
-                        backward(accelerator, [(model, loss * W / n_tokens) for model, loss in losses])
+                            losses.append((actor, actor_loss * W))
+                        backward(accelerator, losses)
                     count = float(m.sum())
                     sums["tokens"] += count
                     if use_critic:
                         sums["value_loss"] += float(v_sum.detach())
                         sums["value_clip_frac"] += float(v_stats["clip_frac"]) * count
                     if train_actor:
-                        sums["policy_loss"] += float(p_sum.detach())
-                        sums["entropy"] += float(h_sum.detach())
+                        sums["policy_loss"] += p_sum
+                        sums["entropy"] += h_sum
                         sums["clip_frac"] += float(p_stats["clip_frac"]) * count
                         sums["approx_kl"] += float(p_stats["approx_kl"]) * count
                 if use_critic:
@@ -652,6 +678,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             "sampler_logp_gap": (float(masked_mean((batch["sampler_logp"] - old_logp).abs(), mask)) if recompute
                                  else gap[0] / gap[1] if gap[1] else math.nan),
             "advantage_mean": float(masked_mean(advantages, mask)),
+            "tis_weight_mean": float(tis_stats["weight_mean"]) if tis_stats else math.nan,
+            "tis_clipped_frac": float(tis_stats["clipped_frac"]) if tis_stats else math.nan,
             "grad_norm_actor": sum(grad_norms["actor"]) / len(grad_norms["actor"]) if grad_norms["actor"] else 0.0,
             "grad_norm_critic": (sum(grad_norms["critic"]) / len(grad_norms["critic"]) if grad_norms["critic"]
                                  else math.nan),

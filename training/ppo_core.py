@@ -7,13 +7,13 @@ Notation used in every docstring:
     logp, old_logp, ref_logp (B, T): log-probabilities of the sampled token under the current,
         behaviour (old) and reference policies.
 
-Losses return SUMS over masked tokens; the trainer divides by `global_token_count` (see its
-docstring for why). Nothing here keeps state except the `ADVANTAGE_ESTIMATORS` registry.
+Losses return SUMS over masked tokens (or per-token terms for `aggregate_loss`); the trainer divides
+by `global_token_count` (see its docstring for why). Advantage estimators live in
+:mod:`training.advantages`. Nothing here keeps state.
 """
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -186,174 +186,10 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     return KL_ESTIMATORS[kind](logp, ref_logp)
 
 
-# --------------------------------------------------------------------------- advantage estimators
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
-
-
-def register_estimator(name: str):
-    """Decorator: add fn(**batch) -> (advantages (B, T), returns (B, T)) to ADVANTAGE_ESTIMATORS."""
-
-    def wrap(fn):
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
-
-
-def compute_advantages(name: str, **batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator `name`, passing the entries of `batch` its signature names.
-
-    The trainer can hand every estimator the same batch dict (token_rewards, values, scores,
-    group_ids, model_mask, gamma, ...); keys an estimator does not take are left out. A missing
-    required key raises TypeError.
-    """
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; choose from {sorted(ADVANTAGE_ESTIMATORS)}")
-    fn = ADVANTAGE_ESTIMATORS[name]
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(**batch)
-    return fn(**{k: v for k, v in batch.items() if k in params})
-
-
-@torch.no_grad()
-def gae_advantages(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    model_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE over model tokens only; observation/prompt/pad tokens are transparent.
-
-    rewards, values, model_mask: (B, T) -> advantages (B, T), returns (B, T); both 0 where mask = 0.
-    Backwards over t, with next_v = 0 and last_a = 0 after the last model token:
-        δ_t = r_t + γ·next_v − V_t ;  A_t = δ_t + γλ·last_a        (model tokens only)
-        next_v ← V_t, last_a ← A_t on model tokens; unchanged across mask-0 tokens,
-    so a model token's next state is the next MODEL token, and rewards/values on mask-0 tokens are
-    ignored. returns = A + V (un-whitened). Whitening is separate: `masked_whiten(A, mask)`.
-    """
-    m = model_mask.to(device=values.device).bool()
-    B, T = values.shape
-    next_v = values.new_zeros(B)
-    last_a = values.new_zeros(B)
-    advantages = torch.zeros_like(values)
-    for t in reversed(range(T)):
-        a = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * last_a
-        next_v = torch.where(m[:, t], values[:, t], next_v)
-        last_a = torch.where(m[:, t], a, last_a)
-        advantages[:, t] = last_a
-    mf = m.to(values.dtype)
-    advantages = advantages * mf
-    returns = (advantages + values) * mf
-    return advantages, returns
-
-
-@register_estimator("gae")
-def gae_estimator(
-    token_rewards: torch.Tensor,
-    values: torch.Tensor,
-    model_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    whiten: bool = True,
-    accelerator=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's estimator: `gae_advantages`, then advantages whitened over the model tokens of all processes.
-
-    token_rewards, values, model_mask: (B, T) -> advantages (B, T), returns (B, T).
-    returns = un-whitened A + V (the critic's target).
-    """
-    advantages, returns = gae_advantages(token_rewards, values, model_mask, gamma, lam)
-    if whiten:
-        advantages = masked_whiten(advantages, model_mask, accelerator=accelerator)
-    return advantages, returns
-
-
-def _group_index(group_ids: torch.Tensor | Sequence[Hashable], device) -> torch.Tensor:
-    """(B,) ids of any hashable kind (ints, UUID strings) -> (B,) long in 0..G−1."""
-    if isinstance(group_ids, torch.Tensor):
-        return torch.unique(group_ids, return_inverse=True)[1].to(device)
-    seen: dict[Hashable, int] = {}
-    return torch.tensor([seen.setdefault(g, len(seen)) for g in group_ids], dtype=torch.long, device=device)
-
-
-@register_estimator("grpo")
-@torch.no_grad()
-def grpo_advantages(
-    scores: torch.Tensor,
-    group_ids: torch.Tensor | Sequence[Hashable],
-    model_mask: torch.Tensor,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """a_i = (R_i − mean_g)/(std_g + eps), broadcast over model tokens.
-
-    scores: (B,) terminal rewards R; group_ids: (B,) one id per prompt (n samples share it; any
-    order); model_mask: (B, T) -> advantages (B, T), returns (B, T) = R broadcast over model tokens.
-    std_g is unbiased. A group of one sample has no comparison and gets advantage 0.
-    norm_by_std=False gives Dr.GRPO's a_i = R_i − mean_g.
-    """
-    g = _group_index(group_ids, scores.device)
-    G = int(g.max()) + 1 if g.numel() else 0
-    s = scores.to(torch.float64)  # group sums in double: exact for the small groups we use
-    count = torch.zeros(G, dtype=s.dtype, device=s.device).index_add_(0, g, torch.ones_like(s))
-    mean = torch.zeros_like(count).index_add_(0, g, s) / count
-    dev = s - mean[g]
-    sq = torch.zeros_like(count).index_add_(0, g, dev**2)
-    std = torch.sqrt(sq / (count - 1).clamp(min=1))
-    a = dev / (std[g] + eps) if norm_by_std else dev
-    a = torch.where(count[g] > 1, a, torch.zeros_like(a)).to(scores.dtype)
-    m = _as(model_mask, scores)
-    return a[:, None] * m, scores[:, None] * m
-
-
-@register_estimator("reinforce")
-@torch.no_grad()
-def reinforce_advantages(
-    scores: torch.Tensor,
-    model_mask: torch.Tensor,
-    baseline: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A_t = R − b on model tokens; b = batch mean of R, or the given baseline.
-
-    scores: (B,) terminal rewards R (the undiscounted return at every model token);
-    model_mask: (B, T); baseline: None, (B,) per-episode or (B, T) per-token (e.g. critic values).
-    Returns advantages (B, T), returns (B, T) = R broadcast over model tokens.
-    """
-    m = _as(model_mask, scores)
-    returns = scores[:, None] * m
-    if baseline is None:
-        b = scores.mean().expand_as(scores)[:, None]
-    else:
-        b = baseline[:, None] if baseline.dim() == 1 else baseline
-    return (returns - b) * m, returns
-
-
-@torch.no_grad()
-def two_choice_advantages(
-    choice_logp: torch.Tensor, reward_gap: torch.Tensor, choice_mask: torch.Tensor, accelerator=None
-) -> torch.Tensor:
-    """Exact advantage of a two-way choice whose own reward is known for both options:
-    A = r(a) − Σ_b π(b)·r(b) = (1 − π(a))·(r(a) − r(other)), scaled to unit RMS over the choices.
-
-    choice_logp: (B, T) log π(a) of the chosen option (renormalised over the two), reward_gap:
-    (B, T) r(a) − r(other), choice_mask: (B, T) 1 at choices -> (B, T), 0 off the choices.
-    """
-    m = choice_mask.to(choice_logp.dtype)
-    a = (1.0 - choice_logp.exp()) * reward_gap * m
-    n, square_sum = _reduce_sum(torch.stack([m.sum().double(), (a.double() ** 2).sum()]), accelerator).unbind()
-    rms = torch.sqrt(square_sum / n.clamp(min=1.0)).to(a.dtype)
-    return torch.where(rms > 0, a / rms.clamp(min=1e-12), torch.zeros_like(a))
-
-
 # --------------------------------------------------------------------------- losses
 
 
-def policy_loss(
+def policy_loss_terms(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
@@ -362,13 +198,12 @@ def policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate, summed over masked tokens.
+    """PPO clipped surrogate per token (unmasked; aggregate it with `aggregate_loss`).
 
-    logp, old_logp, advantages, mask: (B, T) -> loss_sum (scalar), stats.
+    logp, old_logp, advantages, mask: (B, T) -> loss (B, T), stats.
         ρ = exp(logp − old_logp)   (log-ratio clamped to ±20)
         L = max(−A·ρ, −A·clip(ρ, 1 − clip_low, 1 + clip_high))
         dual clip c > 1 (Ye et al. 2020), A < 0 only:  L = min(L, −c·A)  — bounds the loss when ρ ≫ 1.
-    Divide loss_sum by `global_token_count(mask)` (not by this micro-batch's count).
     stats (detached, means over this mask): clip_frac (clipped branch strictly larger), dual_clip_frac,
     approx_kl = mean((ρ − 1) − log ρ) (k3 of KL(old‖new)), ratio_max.
     """
@@ -391,6 +226,21 @@ def policy_loss(
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
             "ratio_max": torch.where(mask.bool(), ratio, torch.zeros_like(ratio)).max(),
         }
+    return loss, stats
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`policy_loss_terms` summed over masked tokens: loss_sum (scalar), stats. Divide by
+    `global_token_count(mask)` (not by this micro-batch's count) for the token mean."""
+    loss, stats = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
     return masked_sum(loss, mask), stats
 
 
@@ -517,6 +367,86 @@ def global_token_count(mask: torch.Tensor, accelerator=None) -> torch.Tensor:
     loss = loss_sum · W / global_token_count to get the token mean's gradient.
     """
     return _reduce_sum(mask.detach().to(torch.float32).sum(), accelerator).clamp(min=1.0)
+
+
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+
+
+def aggregate_loss(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    global_tokens: torch.Tensor,
+    global_sequences: torch.Tensor,
+    norm_tokens: float = 1.0,
+) -> torch.Tensor:
+    """This micro-batch's share of the aggregated loss: summed over the micro-batches of a mini-batch
+    and averaged over processes (DDP, after multiplying by the process count) it is
+
+        token_mean:               Σ_i Σ_t m·L / N_tok                  (every token weighs the same)
+        seq_mean_token_mean:      Σ_i (Σ_t m·L / n_i) / N_seq          (every sequence weighs the same)
+        seq_mean_token_sum:       Σ_i Σ_t m·L / N_seq
+        seq_mean_token_sum_norm:  Σ_i Σ_t m·L / (N_seq · norm_tokens)  (Dr. GRPO: a constant normaliser)
+
+    loss, mask: (B, T); n_i the model tokens of row i; global_tokens N_tok and global_sequences N_seq
+    (rows with a model token) are counts over the whole mini-batch of EVERY process (scalars).
+    """
+    m = _as(mask, loss)
+    per_row = (loss * m).sum(dim=1)  # (B,)
+    sequences = global_sequences.clamp(min=1.0)
+    if mode == "token_mean":
+        return per_row.sum() / global_tokens.clamp(min=1.0)
+    if mode == "seq_mean_token_mean":
+        return (per_row / m.sum(dim=1).clamp(min=1.0)).sum() / sequences
+    if mode == "seq_mean_token_sum":
+        return per_row.sum() / sequences
+    if mode == "seq_mean_token_sum_norm":
+        return per_row.sum() / (sequences * norm_tokens)
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose from {LOSS_AGGREGATIONS}")
+
+
+def global_sequence_count(mask: torch.Tensor, accelerator=None) -> torch.Tensor:
+    """Rows with at least one model token, summed over all processes. mask: (B, T) -> scalar."""
+    return _reduce_sum((mask.sum(dim=1) > 0).to(torch.float32), accelerator).sum()
+
+
+@torch.no_grad()
+def importance_weights(
+    old_logp: torch.Tensor,
+    sampler_logp: torch.Tensor,
+    mask: torch.Tensor,
+    level: str = "token",
+    mode: str = "truncate",
+    cap: float = 2.0,
+    low: float = 0.5,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Off-policy correction of the sampler against the trainer's old policy.
+
+    old_logp, sampler_logp, mask: (B, T) -> weights (B, T) (0 off the mask), stats.
+        token:     w_t = exp(old_logp_t − sampler_logp_t)
+        sequence:  w_i = exp(Σ_t m·(old_logp − sampler_logp)) for every token of row i
+        truncate (TIS):  w ← min(w, cap)
+        mask:            w ← 1 if low ≤ w ≤ cap else 0   (drops the token / the whole sequence)
+    stats: weight_mean, clipped_frac (share of tokens whose w was capped or dropped), raw_max.
+    """
+    m = _as(mask, old_logp)
+    log_w = (old_logp - sampler_logp) * m
+    if level == "sequence":
+        log_w = log_w.sum(dim=1, keepdim=True).expand_as(log_w)
+    elif level != "token":
+        raise ValueError(f"importance sampling level must be 'token' or 'sequence', not {level!r}")
+    raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if mode == "truncate":
+        weights, changed = raw.clamp(max=cap), raw > cap
+    elif mode == "mask":
+        keep = (raw >= low) & (raw <= cap)
+        weights, changed = keep.to(raw.dtype), ~keep
+    else:
+        raise ValueError(f"importance sampling mode must be 'truncate' or 'mask', not {mode!r}")
+    weights = weights * m
+    stats = {"weight_mean": masked_mean(weights, m), "clipped_frac": masked_mean(changed.to(raw.dtype), m),
+             "raw_max": torch.where(m.bool(), raw, torch.zeros_like(raw)).max()}
+    return weights, stats
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

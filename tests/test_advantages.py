@@ -1,0 +1,138 @@
+"""The estimators added to training.advantages (rloo, Dr. GRPO, reinforce_pp), loss aggregation and
+off-policy correction in training.ppo_core, against numbers derived by hand; and one trainer update
+with each of them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.tiny_models import tiny_llama, tiny_tokenizer
+from training import advantages as A
+from training import ppo_core as pc
+from training.config import ConfigError, LoraSettings, PPOConfig
+from training.models import wrap_models
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def close(actual, expected, atol=1e-5):
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+
+
+SCORES = torch.tensor([1.0, 2.0, 0.0, 0.0, 1.0])
+GROUPS = ["a", "b", "a", "b", "a"]  # a = (1, 0, 1), b = (2, 0)
+
+
+def test_rloo_leaves_each_sample_out_of_its_own_baseline():
+    mask = torch.ones(5, 2)
+    adv, ret = A.compute_advantages("rloo", scores=SCORES, group_ids=GROUPS, model_mask=mask)
+    # a: 1 − mean(0, 1) = 0.5, 0 − mean(1, 1) = −1, 1 − 0.5 = 0.5;  b: 2 − 0 = 2, 0 − 2 = −2
+    close(adv, torch.tensor([0.5, 2.0, -1.0, -2.0, 0.5])[:, None] * mask)
+    close(ret, SCORES[:, None] * mask)
+    single, _ = A.rloo_advantages(torch.tensor([3.0]), [0], torch.ones(1, 1))
+    close(single, [[0.0]])  # nothing to compare with
+
+
+def test_dr_grpo_is_grpo_without_the_std():
+    mask = torch.ones(5, 1)
+    adv, _ = A.compute_advantages("grpo", scores=SCORES, group_ids=GROUPS, model_mask=mask, std_normalize=False)
+    close(adv, [[1 / 3], [1.0], [-2 / 3], [-1.0], [1 / 3]])  # R − mean_g: a mean 2/3, b mean 1
+
+
+@pytest.mark.parametrize("name,options", [("grpo", {}), ("grpo", {"std_normalize": False}), ("rloo", {})])
+def test_group_baselines_give_nothing_to_a_question_with_equal_rewards(name, options):
+    scores = torch.tensor([0.7, 0.7, 0.7, -0.2, 0.5])
+    adv, _ = A.compute_advantages(name, scores=scores, group_ids=[0, 0, 0, 1, 1], model_mask=torch.ones(5, 3),
+                                  **options)
+    close(adv[:3], torch.zeros(3, 3))
+    assert bool((adv[3:] != 0).all())
+
+
+def test_reinforce_pp_whitens_the_token_level_return_to_go():
+    rewards = t([0.0, 0.5, 1.0, 2.0])  # the 1.0 sits on an observation token: ignored
+    mask = t([1, 1, 0, 1])
+    close(A.returns_to_go(rewards, mask, gamma=1.0), [[2.5, 2.5, 0.0, 2.0]])
+    adv, ret = A.compute_advantages("reinforce_pp", token_rewards=rewards, model_mask=mask, gamma=0.5)
+    # G = (0.5·1.5, 0.5 + 0.5·2, ·, 2) = (0.75, 1.5, ·, 2): mean 1.4166667, unbiased std 0.6291529
+    close(ret, [[0.75, 1.5, 0.0, 2.0]])
+    close(adv, [[-1.059626, 0.132453, 0.0, 0.927173]])
+
+
+LOSS = t([1.0, 2.0, 3.0], [4.0, 9.0, 9.0])
+MASK = t([1, 1, 1], [1, 0, 0])  # 4 tokens in 2 sequences
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("token_mean", (6 + 4) / 4),
+    ("seq_mean_token_mean", (6 / 3 + 4 / 1) / 2),
+    ("seq_mean_token_sum", (6 + 4) / 2),
+    ("seq_mean_token_sum_norm", (6 + 4) / (2 * 10)),
+])
+def test_loss_aggregations_and_their_micro_batch_shares(mode, expected):
+    tokens, sequences = pc.global_token_count(MASK), pc.global_sequence_count(MASK)
+    assert float(tokens) == 4 and float(sequences) == 2
+    whole = pc.aggregate_loss(LOSS, MASK, mode, tokens, sequences, norm_tokens=10.0)
+    close(whole, expected)
+    # micro-batches with the mini-batch's global counts add up to the whole
+    parts = sum(pc.aggregate_loss(LOSS[i:i + 1], MASK[i:i + 1], mode, tokens, sequences, 10.0) for i in range(2))
+    close(parts, expected)
+    with pytest.raises(ValueError):
+        pc.aggregate_loss(LOSS, MASK, "mean", tokens, sequences)
+
+
+def test_importance_weights_truncate_or_mask_tokens_and_sequences():
+    sampler = torch.zeros(1, 4)
+    old = torch.log(t([3.0, 0.5, 1.5, 7.0]))
+    mask = t([1, 1, 1, 0])  # the 7 is no model token
+    weights, stats = pc.importance_weights(old, sampler, mask, "token", "truncate", cap=2.0)
+    close(weights, [[2.0, 0.5, 1.5, 0.0]])
+    close(stats["clipped_frac"], 1 / 3)
+    weights, stats = pc.importance_weights(old, sampler, mask, "token", "mask", cap=2.0, low=0.6)
+    close(weights, [[0.0, 0.0, 1.0, 0.0]])  # 3 > cap and 0.5 < low are dropped
+    close(stats["clipped_frac"], 2 / 3)
+    weights, _ = pc.importance_weights(old, sampler, mask, "sequence", "truncate", cap=2.0)
+    close(weights, [[2.0, 2.0, 2.0, 0.0]])  # 3·0.5·1.5 = 2.25, capped at 2 for the whole row
+    weights, _ = pc.importance_weights(old, sampler, mask, "sequence", "mask", cap=3.0, low=0.5)
+    close(weights, [[1.0, 1.0, 1.0, 0.0]])
+
+
+def test_settings_are_checked():
+    with pytest.raises(ConfigError, match="recompute"):
+        PPOConfig(tis="token", old_logprobs="sampler")
+    with pytest.raises(ConfigError):
+        PPOConfig(loss_agg="mean")
+    with pytest.raises(ConfigError):
+        PPOConfig(advantage="ppo")
+    with pytest.raises(ConfigError):
+        PPOConfig(tis="token", tis_cap=0.5)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"advantage": "rloo"},
+    {"advantage": "reinforce_pp", "kl_coef": 0.01},
+    {"advantage": "grpo", "grpo_std_normalize": False, "loss_agg": "seq_mean_token_sum_norm"},
+    {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "tis": "token"},
+    {"advantage": "rloo", "tis": "sequence", "tis_mode": "mask"},
+])
+def test_one_update_with_each_setting(tmp_path, retriever, examples, overrides):
+    from training.ppo import train
+
+    tok = tiny_tokenizer()
+    cfg = PPOConfig(output_dir=str(tmp_path), updates=1, questions_per_update=2, samples_per_question=2,
+                    micro_batch_size=2, mini_batches=2, max_turn_tokens=8, max_context_tokens=512,
+                    env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lora=LoraSettings(r=4, alpha=8),
+                    export=False, sft_warm_start=False, log_samples=0, temperature=1.0,
+                    old_logprobs="recompute", **overrides)
+    torch.manual_seed(0)
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    before = {n: p.detach().clone() for n, p in models.actor.named_parameters() if p.requires_grad}
+    stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)["history"][0]
+    assert models.critic is None and math.isfinite(stats["policy_loss"])
+    moved = any(not torch.equal(before[n], p) for n, p in models.actor.named_parameters() if p.requires_grad)
+    assert moved and stats["grad_norm_actor"] > 0  # the rewards differ within a group here (seeded)
+    if cfg.tis != "none":
+        assert 0.0 <= stats["tis_clipped_frac"] <= 1.0 and stats["tis_weight_mean"] > 0
