@@ -103,3 +103,19 @@ def test_remote_backends_pass_the_choices_on():
     with pytest.raises(ValueError, match="vLLM"):
         request_body("m", request, vllm_extensions=False)
     assert "allowed_token_ids" not in sampling_kwargs(GenerationRequest([1], max_tokens=1))
+
+
+def test_a_verdict_the_backend_cannot_give_ends_its_episode_as_an_error(script_lm, tokenizer, retriever,  # noqa: F811
+                                                                        examples, monkeypatch):
+    """An error completion at a verdict (here: choices outside the vocabulary) ends that episode
+    with finish_reason "error" and the backend's message, instead of stopping the rollout."""
+    import training.rollout as rollout_module
+
+    monkeypatch.setattr(rollout_module, "judge_token_ids", lambda tok: (10**6, 10**6 + 1))
+    venv = SearchVectorEnv(retriever, num_envs=2, config=EnvConfig(expand_form="judge", max_actions=4),
+                           tokenizer=tokenizer)
+    config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, temperature=0.0)
+    episodes = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:2], config,
+                                SeedsR1(expand_form="judge").prompt)
+    assert [e.finish_reason for e in episodes] == ["error", "error"]
+    assert all(e.info.get("error") for e in episodes)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from methods.prompts import r1
+from training.box_world import random_llama
 from tests.conftest import PASSAGES
 
 STATES = ["?\n", "</snapshot>\n", "</information>\n"]
@@ -31,14 +32,7 @@ def tiny_tokenizer(vocab_size: int = 600) -> PreTrainedTokenizerFast:
 
 
 def tiny_llama(tokenizer, init: float = 0.3, seed: int = 0, context: int = 4096) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, initializer_range=init,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    return random_llama(tokenizer, init=init, seed=seed, context=context)
 
 
 def tiny_gemma3(tokenizer, window: int = 6, init: float = 0.3, seed: int = 0) -> Gemma3ForCausalLM:

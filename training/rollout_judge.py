@@ -48,6 +48,8 @@ def verdict_request(batch: Any, slot: Any, step: int) -> GenerationRequest:
 def judge_snapshots(batch: Any, slots: list, pending: dict[int, tuple[list[str], str]]) -> dict[int, str]:
     """Lay out the interleaved snapshots of ``pending`` rows with their sampled verdicts;
     returns row -> the expand action for the env (rows that ran out of context are ended)."""
+    from training.rollout import _end  # an error completion ends its episode, as in a turn
+
     words: dict[int, list[str]] = {k: [] for k in pending}
     longest = max(len(chunks) for chunks, _ in pending.values())
     for step in range(longest):
