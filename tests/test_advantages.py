@@ -136,3 +136,50 @@ def test_one_update_with_each_setting(tmp_path, retriever, examples, overrides):
     assert moved and stats["grad_norm_actor"] > 0  # the rewards differ within a group here (seeded)
     if cfg.tis != "none":
         assert 0.0 <= stats["tis_clipped_frac"] <= 1.0 and stats["tis_weight_mean"] > 0
+
+
+def episodes(rewards_by_group: list[list[float]]) -> list:
+    from training.rollout import Episode
+
+    return [Episode(token_ids=[1, 2], loss_mask=[0, 1], sampler_logprobs=[0.0, -1.0], turn_ids=[-1, 0],
+                    prompt_length=1, example_id=f"q{g}", group_id=g, reward=r)
+            for g, rewards in enumerate(rewards_by_group) for r in rewards]
+
+
+def test_dynamic_sampling_drops_equal_reward_groups_and_refills():
+    from training.dynamic_sampling import dynamic_sample
+
+    first = episodes([[1.0, 1.0], [0.0, 1.0], [0.5, 0.5]])  # only group 1 is informative
+    drawn = []
+
+    def draw(round_):
+        drawn.append(round_)
+        return episodes([[0.2, 0.2], [0.0, 0.3], [1.0, 0.0]])
+
+    kept, stats = dynamic_sample(first, draw, want=3, max_rounds=2)
+    assert drawn == [1]  # one round filled the batch
+    assert [(e.example_id, e.group_id, e.reward) for e in kept] == [
+        ("q1", 0, 0.0), ("q1", 0, 1.0), ("q1", 1, 0.0), ("q1", 1, 0.3), ("q2", 2, 1.0), ("q2", 2, 0.0)]
+    assert stats == {"groups_dropped": 2.0, "extra_rounds": 1.0, "groups_kept": 3.0}
+    # the cap on rounds: nothing informative anywhere -> the first batch as it was
+    flat = episodes([[1.0, 1.0]])
+    kept, stats = dynamic_sample(flat, lambda r: episodes([[0.0, 0.0]]), want=1, max_rounds=2)
+    assert kept == flat and stats["extra_rounds"] == 2.0 and stats["groups_kept"] == 0.0
+
+
+def test_dynamic_sampling_in_the_trainer(tmp_path, retriever, examples):
+    from training.ppo import train
+
+    tok = tiny_tokenizer()
+    cfg = PPOConfig(output_dir=str(tmp_path), updates=1, questions_per_update=2, samples_per_question=2,
+                    micro_batch_size=2, mini_batches=2, max_turn_tokens=8, max_context_tokens=512,
+                    env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lora=LoraSettings(r=4, alpha=8),
+                    export=False, sft_warm_start=False, log_samples=0, temperature=1.0, advantage="rloo",
+                    dynamic_sampling=True, dynamic_sampling_max_rounds=1)
+    torch.manual_seed(0)
+    stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[],
+                  models=wrap_models(tiny_llama(tok), tok, cfg))["history"][0]
+    assert stats["dynamic_extra_rounds"] in (0.0, 1.0) and 0 <= stats["dynamic_groups_kept"] <= 2
+    assert math.isfinite(stats["policy_loss"])
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        PPOConfig(dynamic_sampling=True, samples_per_question=1)

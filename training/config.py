@@ -139,6 +139,10 @@ class PPOConfig:
     loss_agg_norm_tokens: int | None = None
     # off-policy correction of the sampler against the trainer's recomputed old log-probs:
     # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap])
+    # DAPO dynamic sampling: drop questions whose samples all got the same reward, refill with up to
+    # dynamic_sampling_max_rounds extra rollout rounds of new questions (logged: dynamic_groups_dropped, ...)
+    dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = 2
     tis: str = "none"
     tis_mode: str = "truncate"
     tis_cap: float = 2.0
@@ -174,6 +178,10 @@ class PPOConfig:
                      "samples_per_question", "num_envs", "save_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
+        if self.dynamic_sampling and (self.samples_per_question < 2 or self.samples_per_question < self.mini_batches
+                                      or self.dynamic_sampling_max_rounds < 0):
+            raise ConfigError("dynamic_sampling needs samples_per_question >= 2 and >= mini_batches (a kept question "
+                              "must fill every mini-batch) and dynamic_sampling_max_rounds >= 0")
         if self.tis != "none" and self.old_logprobs != "recompute":
             raise ConfigError("tis corrects the sampler against recomputed old log-probs: set old_logprobs: recompute")
         if not 0 < self.tis_low <= 1 <= self.tis_cap:

@@ -55,6 +55,7 @@ from training.config import ConfigError, PPOConfig, load_config, save_resolved, 
 from training.curves import write_curves_or_warn
 from training.policy_eval import result_line
 from training.advantages import AdvantageBatch, compute_advantages, two_choice_advantages
+from training.dynamic_sampling import EXTRA_STREAM_SEED, dynamic_sample
 from training.ppo_core import (
     aggregate_loss,
     explained_variance,
@@ -559,6 +560,17 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         t_sync = sync_rollout_weights(backend, policy)  # vLLM: the actor's current weights; hf: nothing to do
         episodes = collect_rollouts(backend, venv, shard, rollout_cfg, prompt_fn,
                                     progress="rollout" if accelerator.is_local_main_process else None)
+        sampling_stats = {}
+        if cfg.dynamic_sampling:  # DAPO: drop groups with equal rewards, refill from the extra stream
+            def draw(round_: int, update: int = update, rollout_cfg: RolloutConfig = rollout_cfg) -> list:
+                position = (update * cfg.dynamic_sampling_max_rounds + round_ - 1) * cfg.questions_per_update
+                extra = next_questions(examples, position, cfg.questions_per_update, cfg.seed + EXTRA_STREAM_SEED)
+                return collect_rollouts(backend, venv, extra[rank * local_questions:(rank + 1) * local_questions],
+                                        dataclasses.replace(rollout_cfg, seed=rollout_cfg.seed + 7_000_003 * round_),
+                                        prompt_fn)
+
+            episodes, sampling_stats = dynamic_sample(episodes, draw, local_questions,
+                                                      cfg.dynamic_sampling_max_rounds)
         t_rollout = time.perf_counter() - t0
 
         # 2. tensors: (B, T) ids, (B, T-1) per-token quantities aligned with next-token log-probs
@@ -679,6 +691,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                                  else gap[0] / gap[1] if gap[1] else math.nan),
             "advantage_mean": float(masked_mean(advantages, mask)),
             "tis_weight_mean": float(tis_stats["weight_mean"]) if tis_stats else math.nan,
+            **{f"dynamic_{k}": v for k, v in sampling_stats.items()},
             "tis_clipped_frac": float(tis_stats["clipped_frac"]) if tis_stats else math.nan,
             "grad_norm_actor": sum(grad_norms["actor"]) / len(grad_norms["actor"]) if grad_norms["actor"] else 0.0,
             "grad_norm_critic": (sum(grad_norms["critic"]) / len(grad_norms["critic"]) if grad_norms["critic"]

@@ -1,0 +1,45 @@
+"""DAPO's dynamic sampling (Yu et al. 2025): a question whose samples all got the same reward gives
+every group baseline (grpo, Dr. GRPO, rloo) a zero advantage, so it only dilutes the batch. Such
+groups are dropped and the batch is refilled with the groups of more questions, up to a cap of
+extra rollout rounds (``PPOConfig.dynamic_sampling``, ``dynamic_sampling_max_rounds``).
+
+The extra questions come from a stream of their own that depends only on the update and the round
+(not on how many earlier rounds were needed), so a resumed run draws the same ones and the main
+question stream (``data_position``) is unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+EXTRA_STREAM_SEED = 7919  # added to the run's seed for the refill questions' own shuffled stream
+
+
+def informative_groups(episodes: Sequence) -> list[list]:
+    """The episodes grouped by ``group_id`` (in first-seen order), keeping the groups whose rewards
+    are not all equal."""
+    groups: dict[int, list] = {}
+    for episode in episodes:
+        groups.setdefault(episode.group_id, []).append(episode)
+    return [g for g in groups.values() if len({e.reward for e in g}) > 1]
+
+
+def dynamic_sample(first: list, draw: Callable[[int], list], want: int, max_rounds: int) -> tuple[list, dict]:
+    """Keep the informative groups of ``first``; while fewer than ``want`` groups are kept and fewer
+    than ``max_rounds`` extra rounds ran, add the informative groups of ``draw(round)`` (round 1, 2,
+    ...). At most ``want`` groups are returned, renumbered 0..n−1; when none is informative the
+    first batch is returned as it is (its advantages are zero: the update learns nothing, as without
+    this option). Returns (episodes, stats) with stats ``groups_dropped`` (of the first batch),
+    ``extra_rounds``, ``groups_kept``."""
+    kept = informative_groups(first)
+    dropped = len({e.group_id for e in first}) - len(kept)
+    rounds = 0
+    while len(kept) < want and rounds < max_rounds:
+        rounds += 1
+        kept += informative_groups(draw(rounds))
+    kept = kept[:want]
+    stats = {"groups_dropped": float(dropped), "extra_rounds": float(rounds), "groups_kept": float(len(kept))}
+    if not kept:
+        return first, stats
+    episodes = [dataclasses.replace(e, group_id=g) for g, group in enumerate(kept) for e in group]
+    return episodes, stats
