@@ -147,7 +147,7 @@ def episodes(rewards_by_group: list[list[float]]) -> list:
 
 
 def test_dynamic_sampling_drops_equal_reward_groups_and_refills():
-    from training.dynamic_sampling import dynamic_sample
+    from training.dapo import dynamic_sample
 
     first = episodes([[1.0, 1.0], [0.0, 1.0], [0.5, 0.5]])  # only group 1 is informative
     drawn = []
@@ -183,3 +183,35 @@ def test_dynamic_sampling_in_the_trainer(tmp_path, retriever, examples):
     assert math.isfinite(stats["policy_loss"])
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         PPOConfig(dynamic_sampling=True, samples_per_question=1)
+
+
+def test_overlong_penalty_is_zero_then_linear_then_minus_one():
+    from training.dapo import overlong_penalty
+
+    # max 100, buffer 20: free up to 80 tokens, then −1/20 per token, −1 past 100
+    close(overlong_penalty(torch.tensor([10, 80, 81, 90, 100, 101, 500]), 100, 20),
+          [0.0, 0.0, -0.05, -0.5, -1.0, -1.0, -1.0])
+    with pytest.raises(ConfigError, match="overlong_buffer"):
+        PPOConfig(overlong_buffer=200, overlong_max_tokens=100)
+
+
+def test_overlong_shaping_in_the_trainer(tmp_path, retriever, examples):
+    """A budget every episode exceeds: each reward the estimator sees is 1 lower, so every group's
+    rewards move together and grpo's advantages, hence the update, are the same as without it."""
+    from training.ppo import train
+
+    def update(**overrides):
+        tok = tiny_tokenizer()
+        cfg = PPOConfig(output_dir=str(tmp_path / str(len(overrides))), updates=1, questions_per_update=2,
+                        samples_per_question=2, micro_batch_size=2, mini_batches=1, max_turn_tokens=8,
+                        max_context_tokens=512, env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2,
+                        lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0,
+                        temperature=1.0, advantage="grpo", **overrides)
+        torch.manual_seed(0)
+        return train(cfg, retriever=retriever, examples=examples, eval_examples=[],
+                     models=wrap_models(tiny_llama(tok), tok, cfg))["history"][0]
+
+    plain, shaped = update(), update(overlong_buffer=1, overlong_max_tokens=2)
+    assert shaped["overlong_penalty_mean"] == -1.0 and math.isnan(plain["overlong_penalty_mean"])
+    assert shaped["policy_loss"] == pytest.approx(plain["policy_loss"], abs=1e-6)
+    assert shaped["reward_mean"] == plain["reward_mean"]  # the env's reward is logged unshaped

@@ -143,6 +143,10 @@ class PPOConfig:
     # dynamic_sampling_max_rounds extra rollout rounds of new questions (logged: dynamic_groups_dropped, ...)
     dynamic_sampling: bool = False
     dynamic_sampling_max_rounds: int = 2
+    # DAPO overlong reward shaping: episodes with more than overlong_max_tokens − overlong_buffer model tokens
+    # lose up to 1 (linearly; −1 past overlong_max_tokens). overlong_buffer 0: off
+    overlong_buffer: int = 0
+    overlong_max_tokens: int = 1024
     tis: str = "none"
     tis_mode: str = "truncate"
     tis_cap: float = 2.0
@@ -182,6 +186,8 @@ class PPOConfig:
                                       or self.dynamic_sampling_max_rounds < 0):
             raise ConfigError("dynamic_sampling needs samples_per_question >= 2 and >= mini_batches (a kept question "
                               "must fill every mini-batch) and dynamic_sampling_max_rounds >= 0")
+        if self.overlong_buffer < 0 or (self.overlong_buffer and self.overlong_buffer >= self.overlong_max_tokens):
+            raise ConfigError("overlong_buffer must be in [0, overlong_max_tokens)")
         if self.tis != "none" and self.old_logprobs != "recompute":
             raise ConfigError("tis corrects the sampler against recomputed old log-probs: set old_logprobs: recompute")
         if not 0 < self.tis_low <= 1 <= self.tis_cap:

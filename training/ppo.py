@@ -55,7 +55,7 @@ from training.config import ConfigError, PPOConfig, load_config, save_resolved, 
 from training.curves import write_curves_or_warn
 from training.policy_eval import result_line
 from training.advantages import AdvantageBatch, compute_advantages, two_choice_advantages
-from training.dynamic_sampling import EXTRA_STREAM_SEED, dynamic_sample
+from training.dapo import EXTRA_STREAM_SEED, dynamic_sample, overlong_penalty
 from training.ppo_core import (
     aggregate_loss,
     explained_variance,
@@ -577,6 +577,10 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         batch = episodes_to_batch(episodes, pad_id, accelerator.device)
         B = batch["input_ids"].shape[0]
         mask = batch["model_mask"]
+        overlong = torch.zeros_like(batch["reward"])
+        if cfg.overlong_buffer > 0:  # DAPO: a soft penalty on episodes near or past overlong_max_tokens
+            overlong = overlong_penalty(mask.sum(dim=1), cfg.overlong_max_tokens, cfg.overlong_buffer)
+            batch["reward"] = batch["reward"] + overlong.to(batch["reward"].dtype)
         all_rows = torch.arange(B, device=accelerator.device)
 
         # 3. old log-probs (the trainer's recomputation, or the sampler's), reference log-probs and
@@ -692,6 +696,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             "advantage_mean": float(masked_mean(advantages, mask)),
             "tis_weight_mean": float(tis_stats["weight_mean"]) if tis_stats else math.nan,
             **{f"dynamic_{k}": v for k, v in sampling_stats.items()},
+            "overlong_penalty_mean": float(overlong.mean()) if cfg.overlong_buffer > 0 else math.nan,
             "tis_clipped_frac": float(tis_stats["clipped_frac"]) if tis_stats else math.nan,
             "grad_norm_actor": sum(grad_norms["actor"]) / len(grad_norms["actor"]) if grad_norms["actor"] else 0.0,
             "grad_norm_critic": (sum(grad_norms["critic"]) / len(grad_norms["critic"]) if grad_norms["critic"]

@@ -1,4 +1,6 @@
-"""DAPO's dynamic sampling (Yu et al. 2025): a question whose samples all got the same reward gives
+"""DAPO's pieces (Yu et al. 2025): dynamic sampling and overlong reward shaping.
+
+Dynamic sampling: a question whose samples all got the same reward gives
 every group baseline (grpo, Dr. GRPO, rloo) a zero advantage, so it only dilutes the batch. Such
 groups are dropped and the batch is refilled with the groups of more questions, up to a cap of
 extra rollout rounds (``PPOConfig.dynamic_sampling``, ``dynamic_sampling_max_rounds``).
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+
+import torch
 
 EXTRA_STREAM_SEED = 7919  # added to the run's seed for the refill questions' own shuffled stream
 
@@ -43,3 +47,14 @@ def dynamic_sample(first: list, draw: Callable[[int], list], want: int, max_roun
         return first, stats
     episodes = [dataclasses.replace(e, group_id=g) for g, group in enumerate(kept) for e in group]
     return episodes, stats
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to the episode reward:
+        0                              if n ≤ max_tokens − buffer
+        (max_tokens − buffer − n)/buffer  if max_tokens − buffer < n ≤ max_tokens   (0 down to −1)
+        −1                             if n > max_tokens
+    lengths: (B,) model tokens per episode -> (B,) float32.
+    """
+    n = lengths.to(torch.float32)
+    return ((max_tokens - buffer - n) / buffer).clamp(min=-1.0, max=0.0)
