@@ -3,6 +3,7 @@ off-policy correction in training.ppo_core, against numbers derived by hand; and
 with each of them."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -215,3 +216,32 @@ def test_overlong_shaping_in_the_trainer(tmp_path, retriever, examples):
     assert shaped["overlong_penalty_mean"] == -1.0 and math.isnan(plain["overlong_penalty_mean"])
     assert shaped["policy_loss"] == pytest.approx(plain["policy_loss"], abs=1e-6)
     assert shaped["reward_mean"] == plain["reward_mean"]  # the env's reward is logged unshaped
+
+
+def _aggregate_on_rank(rank: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        rows = slice(0, 1) if rank == 0 else slice(1, 2)  # each rank holds one sequence of the mini-batch
+        tokens, sequences = pc.global_token_count(MASK[rows]), pc.global_sequence_count(MASK[rows])
+        shares = {mode: float(pc.aggregate_loss(LOSS[rows], MASK[rows], mode, tokens, sequences, 10.0))
+                  for mode in pc.LOSS_AGGREGATIONS}
+        with open(f"{out_dir}/rank{rank}.json", "w") as handle:
+            json.dump({"shares": shares, "tokens": float(tokens), "sequences": float(sequences)}, handle)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_loss_aggregations_add_up_across_two_processes(tmp_path):
+    """Two gloo ranks, one sequence each: the counts are global, and the ranks' shares (what DDP
+    averages after the trainer multiplies by the world size) add up to the one-process loss."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_aggregate_on_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(r["tokens"] == 4.0 and r["sequences"] == 2.0 for r in ranks)
+    tokens, sequences = pc.global_token_count(MASK), pc.global_sequence_count(MASK)
+    for mode in pc.LOSS_AGGREGATIONS:
+        whole = float(pc.aggregate_loss(LOSS, MASK, mode, tokens, sequences, 10.0))
+        assert sum(r["shares"][mode] for r in ranks) == pytest.approx(whole)
