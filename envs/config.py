@@ -27,6 +27,9 @@ class EnvConfig:
     distractor_rate: float = 0.0  # rho: chance that each candidate is replaced by a random passage
     expand_form: str = "list"  # "list": <expand>2, 5</expand>; "judge": <expand>[1] no [2] yes ...</expand>, every candidate judged
     shuffle_candidates: bool = False  # show each snapshot's candidates in a random (per-episode seeded) order
+    # judgement form: the snapshot carries a "Question: ..." line and each verdict question restates it
+    # ("Does [i] help answer: <question>?"), so the question sits next to every preview
+    judge_question: bool = False
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 

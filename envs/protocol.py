@@ -138,6 +138,8 @@ def judgement_action(words: list[str]) -> str:
 # all render it with these two functions.
 JUDGE_WORDS = (" yes", " no")  # the verdict tokens (index 0 = open)
 JUDGE_QUESTION = "\nRead [{number}]?"
+JUDGE_QUESTION_RESTATED = "\nDoes [{number}] help answer: {question}?"  # EnvConfig.judge_question
+SNAPSHOT_QUESTION = "Question: "  # the line a snapshot starts with under EnvConfig.judge_question
 
 
 def judge_token_ids(tokenizer) -> tuple[int, ...]:
@@ -179,16 +181,29 @@ def snapshot_candidates(observation: str) -> list[str]:
     return lines
 
 
+def snapshot_question(observation: str) -> str | None:
+    """The question a snapshot restates on its first line (``EnvConfig.judge_question``), or None."""
+    body = observation.strip().removeprefix("<snapshot>").lstrip("\n")
+    if not observation.strip().startswith("<snapshot>") or not body.startswith(SNAPSHOT_QUESTION):
+        return None
+    return body.split("\n", 1)[0].removeprefix(SNAPSHOT_QUESTION).strip()
+
+
 def judge_chunks(observation: str) -> tuple[list[str], str]:
     """Text around the verdicts of a snapshot: chunk i shows candidate i and asks about it (a verdict
     token follows each chunk); then the closing text. ``([], "")`` when nothing is to be judged.
 
     Concatenated with the verdicts the chunks read ``\n<snapshot>\n[1] Title: preview\nRead [1]? yes``
-    ``\n[2] ...\nRead [2]? no`` ... ``\n</snapshot>\n``.
+    ``\n[2] ...\nRead [2]? no`` ... ``\n</snapshot>\n``. A snapshot that starts with a
+    ``Question: q`` line (``EnvConfig.judge_question``) asks ``Does [i] help answer: q?`` instead.
     """
     lines = snapshot_candidates(observation)
-    chunks = [("\n<snapshot>" if i == 1 else "") + f"\n[{i}] {line}" + JUDGE_QUESTION.format(number=i)
-              for i, line in enumerate(lines, start=1)]
+    question = snapshot_question(observation)
+    asks = [JUDGE_QUESTION.format(number=i) if question is None
+            else JUDGE_QUESTION_RESTATED.format(number=i, question=question.rstrip("?"))
+            for i in range(1, len(lines) + 1)]
+    chunks = [("\n<snapshot>" if i == 1 else "") + f"\n[{i}] {line}" + ask
+              for i, (line, ask) in enumerate(zip(lines, asks), start=1)]
     return chunks, ("\n</snapshot>\n" if chunks else "")
 
 

@@ -19,6 +19,7 @@ from envs.episode import Episode, SearchRecord
 from envs.metrics import normalize_answer
 from envs.previews import make_preview
 from envs.protocol import (
+    SNAPSHOT_QUESTION,
     Action,
     AnswerAction,
     ExpandAction,
@@ -203,7 +204,10 @@ class SearchEnv(gym.Env):
             return format_snapshot("No results.")
         episode.awaiting_expand = True
         previews = [make_preview(h.title, h.text, query, cfg.preview, self.counter) for h in hits]
-        return format_snapshot(self._capped(snapshot_lines(previews)))
+        body = self._capped(snapshot_lines(previews))
+        if cfg.expand_form == "judge" and cfg.judge_question:  # restated beside every preview by judge_chunks
+            body = f"{SNAPSHOT_QUESTION}{' '.join(episode.example.question.split())}\n{body}"
+        return format_snapshot(body)
 
     def _expand(self, episode: Episode, ids: tuple[int, ...]) -> str:
         record = episode.latest

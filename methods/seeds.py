@@ -101,10 +101,11 @@ class SeedsR1(Method):
     force_answer: bool = FORCE_ANSWER_DEFAULT
     expand_form: str = "list"  # "judge": one yes/no per candidate (EnvConfig.expand_form), as trained
     constrain_verdicts: bool = True  # judge form with a local tokenizer: verdicts among the yes/no tokens only
+    judge_question: bool = False  # judge form: each verdict question restates the question (EnvConfig.judge_question)
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
-        return dataclasses.replace(config, expand_form=self.expand_form)
+        return dataclasses.replace(config, expand_form=self.expand_form, judge_question=self.judge_question)
 
     def prompt(self, question: str) -> str:
         template = r1.SEEDS_R1_JUDGE if self.expand_form == "judge" else r1.SEEDS_R1

@@ -46,3 +46,45 @@ def test_seeds_r1_judge_prompt_and_env():
     assert "<expand> 1, 3 </expand>" in SeedsR1().prompt("Who?")
     with pytest.raises(ValueError):
         EnvConfig(expand_form="vote")
+
+
+def test_judge_question_restates_the_question_beside_every_preview(retriever, examples):
+    """EnvConfig.judge_question: the snapshot carries the question, and every verdict question asks
+    whether that candidate helps answer it; the candidates and the expand are unchanged."""
+    from envs.protocol import judge_chunks, snapshot_candidates, snapshot_question
+
+    plain = SearchEnv(retriever, examples, EnvConfig(expand_form="judge"))
+    plain.reset(seed=0, options={"example": examples[0]})
+    plain_obs = plain.step(QUERY)[0]
+    env = SearchEnv(retriever, examples, EnvConfig(expand_form="judge", judge_question=True))
+    env.reset(seed=0, options={"example": examples[0]})
+    obs = env.step(QUERY)[0]
+    assert obs.startswith("<snapshot>\nQuestion: What is the capital of France?\n[1] ")
+    assert snapshot_question(obs) == "What is the capital of France?" and snapshot_question(plain_obs) is None
+    assert snapshot_candidates(obs) == snapshot_candidates(plain_obs)
+    chunks, closing = judge_chunks(obs)
+    assert [c.rsplit("\n", 1)[-1] for c in chunks] == [
+        f"Does [{i}] help answer: What is the capital of France?" for i in range(1, len(chunks) + 1)]
+    assert chunks[0].startswith("\n<snapshot>\n[1] ") and closing == "\n</snapshot>\n"
+    assert [c.rsplit("\n", 1)[-1] for c in judge_chunks(plain_obs)[0]][0] == "Read [1]?"
+    assert SeedsR1(expand_form="judge", judge_question=True).env_config(EnvConfig()).judge_question
+
+
+def test_sft_can_show_the_teachers_verdicts_without_training_them():
+    from training.trajectories import tokenize_trajectory
+    from tests.tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    snapshot = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
+    record = {"segments": [
+        {"role": "prompt", "text": "Question: capital?"}, {"role": "model", "text": "<search>capital</search>"},
+        {"role": "observation", "text": snapshot}, {"role": "model", "text": "<expand>[1] yes [2] no</expand>"},
+        {"role": "observation", "text": "<information>\n[1] Paris\nParis is the capital.\n</information>"},
+        {"role": "model", "text": "<answer>Paris</answer>"}], "accepted": True}
+    trained = tokenize_trajectory(record, tok, "judge")
+    shown = tokenize_trajectory(record, tok, "judge", train_verdicts=False)
+    assert trained["input_ids"] == shown["input_ids"]
+    yes, no = (tok(w, add_special_tokens=False)["input_ids"][0] for w in (" yes", " no"))
+    verdicts = [i for i, t in enumerate(trained["input_ids"]) if t in (yes, no) and trained["loss_mask"][i]]
+    assert len(verdicts) == 2 and all(shown["loss_mask"][i] == 0 for i in verdicts)
+    assert sum(shown["loss_mask"]) == sum(trained["loss_mask"]) - 2  # everything else is still trained

@@ -39,6 +39,9 @@ class WarmStartConfig:
     teacher_expand: str = "random"  # scripted: "random", or the GOLD-GUIDED "positives" (+ extra random)
     teacher_extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
     teacher_random_expand: int = 2  # scripted, random mode: candidates opened per snapshot
+    # judgement form: false = the teacher's verdicts are context, not targets (its random choices are not
+    # imitated, so the policy keeps its own judgement of relevance for PPO to sharpen)
+    train_verdicts: bool = True
     teacher_second_search: bool = True  # scripted: search a shown title when nothing read touches the question
     teacher_think: bool = True  # scripted: a short <think> before every action
     teacher_reader: str = "first_title"  # scripted: reader rule over the opened passages (READER_RULES)

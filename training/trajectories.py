@@ -222,7 +222,8 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
 
 # ================================================================================ token layout
 
-def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list") -> dict[str, list[int]]:
+def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list",
+                        train_verdicts: bool = True) -> dict[str, list[int]]:
     """``input_ids`` and ``loss_mask`` exactly as :func:`training.rollout.collect_rollouts` lays
     out the same episode (the EOS after an accepted final answer is a trained token). With
     ``expand_form="judge"`` a snapshot followed by its judgement expand is rendered interleaved
@@ -245,7 +246,7 @@ def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list")
             verdicts = _judged_verdicts(text, segments[k + 1] if k + 1 < len(segments) else None) \
                 if expand_form == "judge" else None
             if verdicts:
-                piece, bits = _interleaved(text, verdicts, tokenizer)
+                piece, bits = _interleaved(text, verdicts, tokenizer, train_verdicts)
                 skip = True  # the expand's text is the verdicts, already laid out
             else:
                 piece, bit, bits = list(tokenizer("\n" + text + "\n", add_special_tokens=False)["input_ids"]), 0, None
@@ -276,8 +277,10 @@ def _judged_verdicts(observation: str, following: dict | None) -> list[str] | No
     return [JUDGE_WORDS[0] if i in action.ids else JUDGE_WORDS[1] for i in range(1, n + 1)]
 
 
-def _interleaved(observation: str, verdicts: list[str], tokenizer: Any) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask of a snapshot rendered with its verdicts (verdict tokens trained)."""
+def _interleaved(observation: str, verdicts: list[str], tokenizer: Any,
+                 train_verdicts: bool = True) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of a snapshot rendered with its verdicts (verdict tokens trained
+    unless ``train_verdicts`` is False: then the teacher's choices are shown, not imitated)."""
     from envs.protocol import judge_chunks
 
     chunks, closing = judge_chunks(observation)
@@ -287,7 +290,7 @@ def _interleaved(observation: str, verdicts: list[str], tokenizer: Any) -> tuple
         chunk_ids = list(tokenizer(chunk, add_special_tokens=False)["input_ids"])
         verdict_ids = list(tokenizer(verdict, add_special_tokens=False)["input_ids"])
         ids += chunk_ids + verdict_ids
-        mask += [0] * len(chunk_ids) + [1] * len(verdict_ids)
+        mask += [0] * len(chunk_ids) + [int(train_verdicts)] * len(verdict_ids)
     closing_ids = list(tokenizer(closing, add_special_tokens=False)["input_ids"])
     return ids + closing_ids, mask + [0] * len(closing_ids)
 
@@ -319,11 +322,11 @@ def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, te
 
 
 def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
-             expand_form: str = "list") -> list[dict]:
+             expand_form: str = "list", train_verdicts: bool = True) -> list[dict]:
     """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped."""
     rows = []
     for record in records:
-        layout = tokenize_trajectory(record, tokenizer, expand_form)
+        layout = tokenize_trajectory(record, tokenizer, expand_form, train_verdicts)
         if max_length is not None and len(layout["input_ids"]) > max_length:
             log.warning("dropping trajectory %s: %d tokens > max_length %d", record["id"], len(layout["input_ids"]),
                         max_length)
