@@ -193,7 +193,8 @@ def test_register_estimator_and_unknown_name():
 
 def _one(ratio, adv, **kw):
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
-    loss, stats = pc.policy_loss(logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), **kw)
+    terms, stats = pc.policy_loss_terms(logp, torch.zeros(1, 1), torch.tensor([[adv]]), torch.ones(1, 1), **kw)
+    loss = pc.masked_sum(terms, torch.ones(1, 1))
     loss.backward()
     return loss.item(), logp.grad.item(), stats
 
@@ -226,7 +227,9 @@ def test_policy_loss_sums_over_mask_and_reports_stats():
     ratios = torch.tensor([[1.1, 1.5, 0.5, 5.0, 42.0]])
     adv = torch.tensor([[2.0, 2.0, -1.0, -1.0, -100.0]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])
-    loss, st = pc.policy_loss(ratios.log(), torch.zeros(1, 5), adv, mask, clip_low=0.2, clip_high=0.3, dual_clip=3.0)
+    terms, st = pc.policy_loss_terms(ratios.log(), torch.zeros(1, 5), adv, mask, clip_low=0.2, clip_high=0.3,
+                                     dual_clip=3.0)
+    loss = pc.masked_sum(terms, mask)
     # -2.2 - 2.6 + 0.8 + 3.0 = -1.0 (the masked token is excluded)
     assert loss.item() == pytest.approx(-1.0, abs=1e-5)
     assert st["clip_frac"].item() == pytest.approx(0.5)  # tokens 2 and 3 of 4
@@ -310,7 +313,7 @@ def test_logprobs_and_entropy_hand_values():
     close(lp, [[math.log(0.75), math.log(0.5)]])  # -0.2876821, -0.6931472
     # H = 0.25 ln 4 + 0.75 ln(4/3) = 0.3465736 + 0.2157616 = 0.5623351; uniform over 2: ln 2
     close(pc.entropy_from_logits(logits, chunk=1), [[0.5623351, 0.6931472]], atol=1e-6)
-    close(pc.entropy_sum(pc.entropy_from_logits(logits), t([1, 0])), 0.5623351, atol=1e-6)
+    close(pc.masked_sum(pc.entropy_from_logits(logits), t([1, 0])), 0.5623351, atol=1e-6)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5, None])

@@ -140,6 +140,14 @@ def _group_moments(scores: torch.Tensor, group_ids) -> tuple[torch.Tensor, ...]:
     return count[g], mean[g], std[g]
 
 
+def _per_token(a: torch.Tensor, count: torch.Tensor, scores: torch.Tensor,
+               model_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) group advantages (0 for a group of one) and R broadcast over model tokens -> (B, T) each."""
+    a = torch.where(count > 1, a, torch.zeros_like(a)).to(scores.dtype)
+    m = _as(model_mask, scores)
+    return a[:, None] * m, scores[:, None] * m
+
+
 @torch.no_grad()
 def grpo_advantages(
     scores: torch.Tensor,
@@ -157,10 +165,7 @@ def grpo_advantages(
     """
     count, mean, std = _group_moments(scores, group_ids)
     dev = scores.to(torch.float64) - mean
-    a = dev / (std + eps) if norm_by_std else dev
-    a = torch.where(count > 1, a, torch.zeros_like(a)).to(scores.dtype)
-    m = _as(model_mask, scores)
-    return a[:, None] * m, scores[:, None] * m
+    return _per_token(dev / (std + eps) if norm_by_std else dev, count, scores, model_mask)
 
 
 @register_estimator("grpo")
@@ -180,10 +185,7 @@ def rloo_advantages(
     model tokens. A group of one sample gets 0.
     """
     count, mean, _ = _group_moments(scores, group_ids)
-    a = count / (count - 1).clamp(min=1) * (scores.to(torch.float64) - mean)
-    a = torch.where(count > 1, a, torch.zeros_like(a)).to(scores.dtype)
-    m = _as(model_mask, scores)
-    return a[:, None] * m, scores[:, None] * m
+    return _per_token(count / (count - 1).clamp(min=1) * (scores.to(torch.float64) - mean), count, scores, model_mask)
 
 
 @register_estimator("rloo")

@@ -7,8 +7,8 @@ Notation used in every docstring:
     logp, old_logp, ref_logp (B, T): log-probabilities of the sampled token under the current,
         behaviour (old) and reference policies.
 
-Losses return SUMS over masked tokens (or per-token terms for `aggregate_loss`); the trainer divides
-by `global_token_count` (see its docstring for why). Advantage estimators live in
+The policy loss is per token (`policy_loss_terms`, reduced by `aggregate_loss`); the value loss
+returns a SUM over masked tokens, which the trainer divides by `global_token_count`. Advantage estimators live in
 :mod:`training.advantages`. Nothing here keeps state.
 """
 from __future__ import annotations
@@ -229,21 +229,6 @@ def policy_loss_terms(
     return loss, stats
 
 
-def policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`policy_loss_terms` summed over masked tokens: loss_sum (scalar), stats. Divide by
-    `global_token_count(mask)` (not by this micro-batch's count) for the token mean."""
-    loss, stats = policy_loss_terms(logp, old_logp, advantages, mask, clip_low, clip_high, dual_clip)
-    return masked_sum(loss, mask), stats
-
-
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
@@ -338,14 +323,6 @@ def choice_entropy_from_logits(logits: torch.Tensor, choice_ids: torch.Tensor) -
     logits: (N, V), choice_ids: (C,) long -> (N,) float32.
     """
     return _entropy_rows(logits[:, choice_ids])
-
-
-def entropy_sum(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Σ H_t over model tokens (divide by `global_token_count`, like the policy loss).
-
-    entropy, mask: (B, T) -> scalar.
-    """
-    return masked_sum(entropy, mask)
 
 
 # --------------------------------------------------------------------------- aggregation and diagnostics
