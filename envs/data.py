@@ -221,3 +221,14 @@ def contexts_corpus(examples: Iterable[QAExample], out_path: str | os.PathLike,
 def write_flashrag_jsonl(examples: Iterable[QAExample], path: str | os.PathLike) -> Path:
     """Write examples as FlashRAG JSONL (``QAExample.to_dict`` rows), atomically."""
     return write_jsonl_atomic((example.to_dict() for example in examples), path)
+
+
+def load_questions(data: str | os.PathLike | None, split: str = "test", limit: int | None = None,
+                   seed: int = 0) -> list[QAExample]:
+    """A run's questions: the QA file or hub dataset ``data`` (:func:`load_qa`), or with no data the
+    questions generated from the embedded default corpus with ``seed`` (``limit`` of them)."""
+    if data:
+        return load_qa(data, split=split, limit=limit)
+    if not limit:
+        raise ValueError("generated default questions need a count (limit)")
+    return generate_default_questions(limit, seed=seed)

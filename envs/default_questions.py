@@ -20,7 +20,7 @@ import re
 import string
 from collections import defaultdict
 
-from envs.default_corpus import default_articles_path, default_corpus_path, read_articles, split_sentences
+from envs.retrieval.default_corpus import default_articles_path, default_corpus_path, read_articles, split_sentences
 from envs.types import QAExample
 
 DATASET = "seeds-default"

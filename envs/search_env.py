@@ -41,7 +41,7 @@ TRUNCATION_MARK = "\n[truncated: observation limit reached]"
 
 
 class SearchBackend(Protocol):
-    """What the env needs from a retriever (``envs.retriever.Retriever`` satisfies it)."""
+    """What the env needs from a retriever (``envs.retrieval.retriever.Retriever`` satisfies it)."""
 
     corpus: Any  # len(corpus) and corpus[row] -> Passage, for distractor injection
 

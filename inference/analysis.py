@@ -87,7 +87,7 @@ def encoder_name(config: dict, override: str | None = None) -> str:
     index = config.get("index") or "default"
     if index == "default":
         return "minilm"
-    from envs.index import read_meta
+    from envs.retrieval.index import read_meta
 
     try:
         return read_meta(index)["encoder"]
@@ -96,8 +96,8 @@ def encoder_name(config: dict, override: str | None = None) -> str:
 
 
 def encoder_embed(name: str) -> Embed:
-    """``texts -> (n, D)`` query embeddings of the encoder ``name`` (envs.encoders.load_encoder)."""
-    from envs.encoders import load_encoder
+    """``texts -> (n, D)`` query embeddings of the encoder ``name`` (envs.retrieval.encoders.load_encoder)."""
+    from envs.retrieval.encoders import load_encoder
 
     try:
         encoder = load_encoder(name, show_progress=False)

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="backend options, e.g. max_batch_size=8 or base_url=http://127.0.0.1:8000/v1")
     parser.add_argument("--index", help="index directory from scripts/build_index.py (default: embedded)")
     parser.add_argument("--corpus", help="corpus file, when it moved since the index was built")
-    parser.add_argument("--retriever", metavar="URL", help="a retrieval server (python -m envs.server), e.g. "
+    parser.add_argument("--retriever", metavar="URL", help="a retrieval server (python -m envs.retrieval.server), e.g. "
                                                            "http://127.0.0.1:8000, instead of --index")
     parser.add_argument("--env-config", help="YAML env recipe (the method then sets its own mode and limits)")
     parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
@@ -135,7 +135,7 @@ def load_examples(args: argparse.Namespace):
 
 def load_retriever(args: argparse.Namespace):
     """``--retriever URL`` (a retrieval server), else ``--index`` (a folder or a URL), else the default."""
-    from envs.defaults import open_retriever
+    from envs.retrieval.defaults import open_retriever
 
     if getattr(args, "retriever", None):
         return open_retriever(args.retriever)

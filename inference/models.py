@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.encoders import resolve_device
+from envs.retrieval.encoders import resolve_device
 from envs.paths import cache_dir
 
 DEFAULT_MODEL = "gemma3-270m"

@@ -14,7 +14,7 @@ from typing import Any
 from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
-from inference.backends.base import (
+from methods.llm import (
     GenerationRequest,
     GenerationResult,
     LLMBackend,

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 from envs.config import EnvConfig
 from envs.search_env import SearchEnv
 from envs.types import QAExample
-from inference.backends.base import LLMBackend
+from methods.llm import LLMBackend
 from methods.base import Method
 from methods.context import EpisodeOver, QuestionContext
 from methods.env_batcher import EnvStepBatcher

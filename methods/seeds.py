@@ -103,6 +103,13 @@ class SeedsR1(Method):
     constrain_verdicts: bool = True  # judge form with a local tokenizer: verdicts among the yes/no tokens only
     judge_question: bool = False  # judge form: each verdict question restates the question (EnvConfig.judge_question)
 
+    @classmethod
+    def for_env(cls, env: EnvConfig, **options) -> "SeedsR1":
+        """SEEDS-R1 with the limits and the judgement form of the env it runs in (training, evaluation)."""
+        return cls(k=env.top_k, max_expand=env.max_expand, max_searches=env.max_searches,
+                   max_actions=env.max_actions, expand_form=env.expand_form, judge_question=env.judge_question,
+                   **options)
+
     def env_config(self, base: EnvConfig) -> EnvConfig:
         config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
         return dataclasses.replace(config, expand_form=self.expand_form, judge_question=self.judge_question)

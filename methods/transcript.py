@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.backends.base import Completion, Prompt
+from methods.llm import Completion, Prompt
 
 
 class ChatTranscript:

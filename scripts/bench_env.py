@@ -14,7 +14,7 @@ import time
 
 from envs.config import EnvConfig
 from envs.default_questions import generate_default_questions
-from envs.defaults import default_retriever
+from envs.retrieval.defaults import default_retriever
 from envs.vector_env import SearchVectorEnv
 from methods.scripted import SearchExpandAnswerPolicy
 

@@ -19,8 +19,8 @@ import itertools
 import json
 import time
 
-from envs.default_corpus import default_corpus_path
-from inference.backends.base import GenerationRequest, GenerationResult
+from envs.retrieval.default_corpus import default_corpus_path
+from methods.llm import GenerationRequest, GenerationResult
 from inference.backends.hf import HFBackend
 
 STOPS = ("</search>", "</answer>")

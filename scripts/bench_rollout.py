@@ -31,11 +31,11 @@ from collections import Counter
 import torch
 
 from envs.config import EnvConfig
-from envs.default_corpus import default_corpus_path
+from envs.retrieval.default_corpus import default_corpus_path
 from envs.default_questions import generate_default_questions
 from envs.types import Hit, Passage
 from envs.vector_env import SearchVectorEnv
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
 from training.rollout import RolloutConfig, collect_rollouts
@@ -140,7 +140,7 @@ def main() -> None:
     start = time.perf_counter()
     backend = HFBackend(args.model, device=args.device, max_batch_size=args.questions)
     if args.retriever == "default":
-        from envs.defaults import default_retriever
+        from envs.retrieval.defaults import default_retriever
 
         retriever = default_retriever()
     else:

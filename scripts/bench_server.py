@@ -3,7 +3,7 @@
     python scripts/bench_server.py                      # 64 clients, 30 s per mode
     python scripts/bench_server.py --clients 64 --seconds 5
 
-Starts ``envs.server.RetrievalServer`` in this process on the embedded default index (MiniLM
+Starts ``envs.retrieval.server.RetrievalServer`` in this process on the embedded default index (MiniLM
 over the Wikipedia summaries; built on first use, then cached), with the retriever's result cache
 off so every query is really encoded and searched. The clients run in a child process, as remote
 nodes would. ``--clients`` threads, each with its own httpx
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from envs.server import RetrievalServer, ServerLimits  # noqa: E402
+from envs.retrieval.server import RetrievalServer, ServerLimits  # noqa: E402
 
 
 def query_pool(kind: str, n: int, seed: int = 0) -> list[str]:
@@ -42,7 +42,7 @@ def query_pool(kind: str, n: int, seed: int = 0) -> list[str]:
         from envs.default_questions import generate_default_questions
 
         return list(dict.fromkeys(e.question for e in generate_default_questions(n, seed=seed)))
-    from envs.default_corpus import default_articles_path, read_articles
+    from envs.retrieval.default_corpus import default_articles_path, read_articles
 
     texts = []
     for article in read_articles(default_articles_path()):
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = parser.parse_args(argv)
 
-    from envs.defaults import default_retriever
+    from envs.retrieval.defaults import default_retriever
 
     if args.torch_threads:
         import torch

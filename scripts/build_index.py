@@ -12,7 +12,7 @@ build's peak RAM: the training sample, add chunk and encode batch are derived fr
 type whose index cannot fit is refused before anything is encoded, with the estimate and the
 types that would fit (21M x 768 E5 vectors: Flat 64.6 GB, SQ8 16.1 GB, IVF-PQ64 1.6 GB).
 ``--rerank K`` stores the default number of candidates that searches re-rank exactly from the
-on-disk embeddings. See envs/index.py (directory layout) and envs/index_memory.py (formulas).
+on-disk embeddings. See envs/retrieval/index.py (directory layout) and envs/retrieval/index_memory.py (formulas).
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from envs.corpus import load_corpus  # noqa: E402
-from envs.encoders import DTYPES, load_encoder, resolve_dtype  # noqa: E402
-from envs.index import META_FILE, MemoryBudgetError, build_index  # noqa: E402
-from envs.index_memory import INDEX_NAMES, format_bytes, parse_bytes  # noqa: E402
+from envs.retrieval.corpus import load_corpus  # noqa: E402
+from envs.retrieval.encoders import DTYPES, load_encoder, resolve_dtype  # noqa: E402
+from envs.retrieval.index import META_FILE, MemoryBudgetError, build_index  # noqa: E402
+from envs.retrieval.index_memory import INDEX_NAMES, format_bytes, parse_bytes  # noqa: E402
 
 
 def parse_devices(text: str | None) -> list[str] | None:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     devices = parse_devices(args.devices)
     if args.corpus == "default":
-        from envs.default_corpus import default_corpus_path
+        from envs.retrieval.default_corpus import default_corpus_path
 
         corpus_path = default_corpus_path()
     else:

@@ -17,9 +17,9 @@ from envs.atomic import write_json_atomic, write_jsonl_atomic
 from envs.config import EnvConfig
 from envs.data import load_qa
 from envs.default_questions import generate_default_questions
-from envs.defaults import default_retriever
+from envs.retrieval.defaults import default_retriever
 from envs.report import aggregate_episodes
-from envs.retriever import Retriever
+from envs.retrieval.retriever import Retriever
 from envs.vector_env import SearchVectorEnv
 from methods.scripted import run_scripted_episodes
 

@@ -25,7 +25,7 @@ except ImportError:  # running from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.data import contexts_corpus, generate_default_questions, load_qa, write_flashrag_jsonl
-from envs.default_corpus import default_corpus_path
+from envs.retrieval.default_corpus import default_corpus_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

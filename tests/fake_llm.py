@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import plain_chat
 
 

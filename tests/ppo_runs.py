@@ -8,9 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from envs.corpus import load_corpus
-from envs.encoders import load_encoder
-from envs.index import build_index
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.encoders import load_encoder
+from envs.retrieval.index import build_index
 from tests.conftest import PASSAGES
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from envs.encoders import HashEncoder
+from envs.retrieval.encoders import HashEncoder
 from inference import analysis
 from inference import analysis_metrics as am
 from inference import analysis_momentum as mom

@@ -10,7 +10,7 @@ from tiny_models import tiny_llama
 from envs.config import EnvConfig
 from envs.protocol import JUDGE_WORDS, judge_token_ids
 from envs.vector_env import SearchVectorEnv
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.backends.hf import HFBackend
 from inference.backends.openai_backend import request_body
 from inference.backends.vllm_backend import sampling_kwargs

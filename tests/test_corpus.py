@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from envs import corpus as corpus_module
-from envs.corpus import CorpusFormatError, fingerprint_file, load_corpus
+from envs.retrieval import corpus as corpus_module
+from envs.retrieval.corpus import CorpusFormatError, fingerprint_file, load_corpus
 from envs.types import Passage
 
 ROWS = [

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from envs import data as data_module
-from envs.corpus import load_corpus
+from envs.retrieval.corpus import load_corpus
 from envs.data import (
     DataFormatError, contexts_corpus, load_flashrag_jsonl, load_hotpot_json, load_qa, write_flashrag_jsonl,
 )

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from envs import default_corpus
-from envs.corpus import load_corpus
-from envs.default_corpus import (
+from envs.retrieval import default_corpus
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.default_corpus import (
     build_passages, default_corpus_path, read_articles, split_passages, split_sentences, write_default_corpus,
 )
 from envs.default_questions import aliases, generate_default_questions, mask_titles

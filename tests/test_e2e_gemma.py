@@ -22,12 +22,12 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from conftest import USER_CACHE
-    from envs.corpus import load_corpus
-    from envs.default_corpus import default_corpus_path
+    from envs.retrieval.corpus import load_corpus
+    from envs.retrieval.default_corpus import default_corpus_path
     from envs.default_questions import generate_default_questions
-    from envs.encoders import load_encoder
-    from envs.index import build_index
-    from envs.retriever import Retriever
+    from envs.retrieval.encoders import load_encoder
+    from envs.retrieval.index import build_index
+    from envs.retrieval.retriever import Retriever
     from inference.backends import load_backend
 
     questions = generate_default_questions(3, seed=7)

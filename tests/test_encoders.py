@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envs.encoders import (
+from envs.retrieval.encoders import (
     ENCODER_SPECS,
     HashEncoder,
     SentenceTransformerEncoder,
@@ -49,7 +49,7 @@ def test_hash_is_deterministic_across_processes():
     texts = ["the capital of France", "Mount Fuji is high"]
     here = HashEncoder().encode_queries(texts)
     code = (
-        "import sys, numpy as np; from envs.encoders import HashEncoder; "
+        "import sys, numpy as np; from envs.retrieval.encoders import HashEncoder; "
         f"np.save(sys.stdout.buffer, HashEncoder().encode_queries({texts!r}))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, check=True).stdout

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from envs.config import EnvConfig
-from envs.corpus import load_corpus
-from envs.encoders import load_encoder
-from envs.index import build_index
-from envs.retriever import Retriever
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.encoders import load_encoder
+from envs.retrieval.index import build_index
+from envs.retrieval.retriever import Retriever
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from methods.scripted import run_scripted_episodes

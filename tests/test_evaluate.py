@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from envs.corpus import load_corpus
-from envs.encoders import load_encoder
-from envs.index import build_index
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.encoders import load_encoder
+from envs.retrieval.index import build_index
 from inference import evaluate as ev
 from inference.predictions import PredictionWriter, PredictionsFileError, load_predictions
 from inference.run_metrics import admission_stats

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from inference.backends import decoding, load_backend
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.backends.decoding import IncrementalText, sample_tokens
 from inference.backends.hf import HFBackend, prefill_groups
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import tiny_llama, tiny_tokenizer
 
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.backends.hf import HFBackend
 from inference.backends.hf_session import common_prefix, session_supported
 

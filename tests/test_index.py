@@ -7,9 +7,9 @@ import faiss
 import numpy as np
 import pytest
 
-from envs.corpus import load_corpus
-from envs.encoders import HashEncoder
-from envs.index import (
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.encoders import HashEncoder
+from envs.retrieval.index import (
     EMBEDDINGS_FILE,
     INDEX_FILE,
     META_FILE,
@@ -193,7 +193,7 @@ def test_bad_queries_are_rejected(tmp_path, corpus):
 
 def test_torch_searcher_matches_faiss_across_chunks(tmp_path, corpus):
     """The CUDA fallback's chunked top-k merge, run on CPU: same rows as exact faiss."""
-    from envs.index import _TorchFlatSearcher
+    from envs.retrieval.index import _TorchFlatSearcher
 
     encoder = HashEncoder()
     out = build_index(corpus, encoder, tmp_path / "idx", show_progress=False)
@@ -206,7 +206,7 @@ def test_torch_searcher_matches_faiss_across_chunks(tmp_path, corpus):
 
 
 def test_device_auto_picks_torch_for_flat_when_faiss_has_no_gpu(tmp_path, corpus, monkeypatch):
-    import envs.index as index_module
+    import envs.retrieval.index as index_module
 
     real_searcher = index_module._TorchFlatSearcher
     monkeypatch.setattr(index_module, "_faiss_gpus", lambda: 0)
@@ -225,7 +225,7 @@ def test_device_auto_picks_torch_for_flat_when_faiss_has_no_gpu(tmp_path, corpus
 
 
 def test_device_auto_shards_over_faiss_gpus(tmp_path, corpus, monkeypatch):
-    import envs.index as index_module
+    import envs.retrieval.index as index_module
 
     moved = []
     monkeypatch.setattr(index_module, "_faiss_gpus", lambda: 2)

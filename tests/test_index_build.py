@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_index import CountingEncoder, write_corpus
 
-from envs import index_memory
-from envs.encoders import HashEncoder
-from envs.index import (
+from envs.retrieval import index_memory
+from envs.retrieval.encoders import HashEncoder
+from envs.retrieval.index import (
     EMBEDDINGS_FILE,
     INDEX_FILE,
     META_FILE,
@@ -27,9 +27,9 @@ from envs.index import (
     build_index,
     resolve_index_type,
 )
-from envs.index_build import fill_index, train_and_fill
-from envs.index_embed import EmbeddingsFile, auto_devices, done_prefix, shard_bounds
-from envs.index_memory import (
+from envs.retrieval.index_build import fill_index, train_and_fill
+from envs.retrieval.index_embed import EmbeddingsFile, auto_devices, done_prefix, shard_bounds
+from envs.retrieval.index_memory import (
     ADD_COPIES,
     ENCODE_BYTES_PER_PASSAGE,
     HEADROOM_MIN,

@@ -9,7 +9,7 @@ from fake_llm import FakeLLM
 import methods.kair  # noqa: F401  (registers "kair")
 from envs.config import EnvConfig
 from envs.types import QAExample
-from inference.backends.base import Completion
+from methods.llm import Completion
 from methods.base import get
 from methods.kair import KAIR, parse_step
 from methods.prompts import kair as prompts

@@ -5,7 +5,7 @@ import pytest
 import methods.maps  # noqa: F401  (registers "maps")
 from envs.config import EnvConfig
 from envs.types import QAExample
-from inference.backends.base import Completion
+from methods.llm import Completion
 from methods.base import get
 from methods.maps import MAPS, parse_judgement, parse_plan, parse_refinement
 from methods.runner import run_questions_sync

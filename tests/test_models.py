@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from inference import models
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.models import (
     PackagedModel,
     ensure_pad_token,

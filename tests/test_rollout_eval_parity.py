@@ -16,11 +16,11 @@ from conftest import PASSAGES
 from test_rollout import random_lm, script_lm, tokenizer  # noqa: F401 (fixtures)
 
 from envs.config import EnvConfig
-from envs.corpus import load_corpus
+from envs.retrieval.corpus import load_corpus
 from envs.data import load_qa
-from envs.defaults import open_retriever
-from envs.encoders import load_encoder
-from envs.index import build_index
+from envs.retrieval.defaults import open_retriever
+from envs.retrieval.encoders import load_encoder
+from envs.retrieval.index import build_index
 from envs.vector_env import SearchVectorEnv
 from inference import evaluate as ev
 from inference.backends.hf import HFBackend

@@ -8,7 +8,7 @@ import methods
 import methods.seek  # registers "seek"
 from envs.config import EnvConfig
 from envs.types import QAExample
-from inference.backends.base import Completion, GenerationResult
+from methods.llm import Completion, GenerationResult
 from methods.runner import run_questions_sync
 from methods.seek import (Seek, Sketch, clean_evidence, parse_gists, parse_numbered_queries, parse_query,
                           parse_verdict)

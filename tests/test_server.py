@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from envs.config import EnvConfig
-from envs.defaults import open_retriever
-from envs.remote import RemoteRetrievalError, RemoteRetriever
-from envs.retriever import Retriever
+from envs.retrieval.defaults import open_retriever
+from envs.retrieval.remote import RemoteRetrievalError, RemoteRetriever
+from envs.retrieval.retriever import Retriever
 from envs.search_env import SearchEnv
-from envs.server import MicroBatcher, RetrievalServer, ServerLimits, main as server_main
+from envs.retrieval.server import MicroBatcher, RetrievalServer, ServerLimits, main as server_main
 from envs.types import Hit, QAExample
 
 from test_retriever import TEXTS, index_dir, private_cache, write_corpus  # noqa: F401,F811  (shared fixtures)
@@ -178,7 +178,7 @@ def test_binding_elsewhere_than_loopback_warns(monkeypatch, capsys):
     def stop(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("envs.defaults.open_retriever", lambda *a, **kw: FlakyRetriever(local_stub(), 0))
+    monkeypatch.setattr("envs.retrieval.defaults.open_retriever", lambda *a, **kw: FlakyRetriever(local_stub(), 0))
     monkeypatch.setattr(RetrievalServer, "serve_forever", stop)
     assert server_main(["--host", "0.0.0.0", "--port", "0"]) == 0
     assert "WARNING" in capsys.readouterr().err
@@ -315,7 +315,7 @@ def test_remote_retriever_returns_the_local_hits(server, reference):
 
 def test_a_refusal_raises_at_once_with_the_servers_reason(server, monkeypatch):
     sleeps = []
-    monkeypatch.setattr("envs.remote.time.sleep", sleeps.append)
+    monkeypatch.setattr("envs.retrieval.remote.time.sleep", sleeps.append)
     remote = RemoteRetriever(server.url, retries=3)
     with pytest.raises(RemoteRetrievalError, match="cap of 6") as caught:
         remote.search(["capital"], 50)
@@ -331,7 +331,7 @@ def test_a_closed_port_fails_clearly_after_the_retries(monkeypatch):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     sleeps = []
-    monkeypatch.setattr("envs.remote.time.sleep", sleeps.append)
+    monkeypatch.setattr("envs.retrieval.remote.time.sleep", sleeps.append)
     remote = RemoteRetriever(f"http://127.0.0.1:{port}", retries=2, backoff=0.01, timeout=2)
     with pytest.raises(RemoteRetrievalError, match=r"after 3 attempt\(s\).*Connect") as caught:
         remote.search(["capital"], 2)
@@ -340,7 +340,7 @@ def test_a_closed_port_fails_clearly_after_the_retries(monkeypatch):
 
 
 def test_server_errors_are_retried(local, reference, monkeypatch):
-    monkeypatch.setattr("envs.remote.time.sleep", lambda s: None)
+    monkeypatch.setattr("envs.retrieval.remote.time.sleep", lambda s: None)
     flaky = FlakyRetriever(local, failures=2)
     with serve(flaky) as running:
         remote = RemoteRetriever(running.url, retries=2)

@@ -18,7 +18,7 @@ from envs.config import EnvConfig
 from envs.protocol import CLOSING_TAGS, ExpandAction, parse_action
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
-from inference.backends.base import Completion, GenerationResult, LLMBackend
+from methods.llm import Completion, GenerationResult, LLMBackend
 from methods.prompts import r1
 from tests.conftest import PASSAGES
 from training import scripted_teacher, sft, trajectories

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 from inference.backends.vllm_backend import (
     completion_from_output,
     decode_tensor,

@@ -206,7 +206,7 @@ def test_hf_engine_runs_on_the_live_weights(tok):
 def test_hf_engine_on_a_merged_lora_copy_follows_the_actor(tok):
     """LoRA actor + ``rollout_merge_lora``: the HF engine decodes with a plain merged copy that
     gives the actor's own tokens and log-probs, is stale until synced, and never touches the actor."""
-    from inference.backends.base import GenerationRequest
+    from methods.llm import GenerationRequest
 
     cfg = tiny_cfg("unused", "unused", rollout_engine="hf", rollout_batch_size=2)
     actor = wrap_models(llama(tok), tok, cfg).actor

@@ -86,7 +86,7 @@ class PPOConfig:
     eval_data: str | None = None  # FlashRAG JSONL held-out questions; None: generated (disjoint) ones
     index: str | None = None  # index folder (scripts/build_index.py); None: the embedded default retriever
     corpus: str | None = None  # corpus file when it moved since the index was built
-    retriever: str | None = None  # retrieval server URL (python -m envs.server) to use instead of `index`
+    retriever: str | None = None  # retrieval server URL (python -m envs.retrieval.server) to use instead of `index`
     train_questions: int = 512  # generated default questions (or the first N of `data`; 0 = all)
     question_seed: int = 0
     eval_questions: int = 32  # 0: no evaluation before/after training

@@ -129,7 +129,7 @@ def load_questions(cfg: PPOConfig) -> tuple[list, list]:
 
 
 def load_retriever(cfg: PPOConfig):
-    from envs.defaults import open_retriever
+    from envs.retrieval.defaults import open_retriever
 
     if cfg.retriever:
         return open_retriever(cfg.retriever)

@@ -63,7 +63,7 @@ from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_toke
 from envs.rewards import RewardConfig
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
-from inference.backends.base import GenerationRequest, LLMBackend
+from methods.llm import GenerationRequest, LLMBackend
 from methods.agent_loop import (
     FORCE_ANSWER_DEFAULT,
     FORCED_ANSWER_MAX_TOKENS,

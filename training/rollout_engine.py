@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from inference.backends.base import LLMBackend
+from methods.llm import LLMBackend
 
 _ENGINE: tuple[tuple, Any] | None = None  # (settings key, VLLMBackend): this process's engine
 

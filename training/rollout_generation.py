@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from inference.backends.base import GenerationRequest, GenerationResult, LLMBackend
+from methods.llm import GenerationRequest, GenerationResult, LLMBackend
 
 
 class TurnGenerator:

@@ -21,7 +21,7 @@ from typing import Any
 
 from envs.protocol import JUDGE_WORDS, judge_chunks, judgement_action
 from envs.rewards import RewardConfig, verdict_reward_gap
-from inference.backends.base import GenerationRequest
+from methods.llm import GenerationRequest
 
 
 def judging_rows(observations: list[str], rows: list[int]) -> dict[int, tuple[list[str], str]]:

@@ -21,7 +21,7 @@ log = logging.getLogger("training.sft")
 
 
 def load_retriever(config: WarmStartConfig) -> Any:
-    from envs.defaults import open_retriever
+    from envs.retrieval.defaults import open_retriever
 
     if config.retriever:
         return open_retriever(config.retriever)

@@ -32,7 +32,7 @@ class WarmStartConfig:
     question_seed: int = 1000  # seed of the generated questions (keep it apart from evaluation's seed 0)
     index: str | None = None  # retriever folder; None: the embedded default retriever
     corpus: str | None = None
-    retriever: str | None = None  # retrieval server URL (python -m envs.server) to use instead of `index`
+    retriever: str | None = None  # retrieval server URL (python -m envs.retrieval.server) to use instead of `index`
     env: dict = field(default_factory=dict)  # EnvConfig overrides (defaults = SEEDS-R1 limits)
     # teacher
     teacher: str = "scripted"  # "scripted" or "method"

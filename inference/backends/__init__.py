@@ -7,7 +7,7 @@ Backends are imported only when asked for, so vLLM and the HTTP client stay opti
 """
 from __future__ import annotations
 
-from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 DEFAULT_BACKEND = "hf:gemma3-270m"
 KINDS = ("hf", "vllm", "openai")

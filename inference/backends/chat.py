@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.backends.base import Prompt
+from methods.llm import Prompt
 
 _ROLE_NAMES = {"system": "Instructions", "user": "User", "assistant": "Assistant"}
 

@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 import torch
 
-from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import prompt_token_ids
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
 from inference.backends.hf_cache import growing_cache_supported, merge_left_padded, new_growing_cache

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from inference.backends.base import GenerationRequest, GenerationResult
+from methods.llm import GenerationRequest, GenerationResult
 from inference.backends.hf_cache import GrowingLayer, growing_cache_supported, merge_left_padded, new_growing_cache
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}

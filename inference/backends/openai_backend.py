@@ -34,7 +34,7 @@ try:
 except ImportError:  # huggingface_hub (a transformers dependency) ships the same API as httpx2
     import httpx2 as httpx  # type: ignore[no-redef]
 
-from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

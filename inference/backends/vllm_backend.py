@@ -8,7 +8,7 @@ instead of failing the whole batch, and a rollout can be replayed token for toke
 Stop strings stay in the text (``include_stop_str_in_output``); the token that completed a stop
 string is the last entry of ``token_ids`` and may carry characters beyond the stop string, which
 the text (cut at the stop string) does not show. The end-of-sequence token is dropped from
-``token_ids`` and ``logprobs`` (the :class:`~inference.backends.base.Completion` contract).
+``token_ids`` and ``logprobs`` (the :class:`~methods.llm.Completion` contract).
 
 ``logprobs`` are the engine's ``logprobs_mode`` values: by default ``"raw_logprobs"``, the model's
 log-softmax before temperature, top-k and top-p, which is what a trainer's forward pass computes.
@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from inference.backends.base import Completion, GenerationRequest, GenerationResult, LLMBackend
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import prompt_token_ids
 
 INSTALL_HINT = (

@@ -14,8 +14,8 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envs.encoders import Encoder, load_encoder
-from envs.index import DenseIndex, IndexMismatchError, read_meta
+from envs.retrieval.encoders import Encoder, load_encoder
+from envs.retrieval.index import DenseIndex, IndexMismatchError, read_meta
 from envs.types import Hit
 
 
@@ -81,7 +81,7 @@ class Retriever:
         be the corpus the index was built from. ``device`` is the index device (``"auto"``,
         ``"cpu"``, ``"cuda"``); the encoder follows it unless ``encoder_kwargs`` says otherwise.
         """
-        from envs.corpus import load_corpus
+        from envs.retrieval.corpus import load_corpus
 
         meta = read_meta(index_dir)
         if corpus is None:

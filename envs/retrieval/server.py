@@ -1,10 +1,10 @@
 """Retrieval server: one index shared over HTTP by several training or evaluation nodes.
 
-    python -m envs.server --index indexes/wiki18-e5 --port 8000      # an index folder
-    python -m envs.server --index default                            # the embedded MiniLM index
-    python -m envs.server --index default --host 0.0.0.0             # other machines (no auth!)
+    python -m envs.retrieval.server --index indexes/wiki18-e5 --port 8000      # an index folder
+    python -m envs.retrieval.server --index default                            # the embedded MiniLM index
+    python -m envs.retrieval.server --index default --host 0.0.0.0             # other machines (no auth!)
 
-Clients use :class:`envs.remote.RemoteRetriever` (``--retriever http://host:8000`` in
+Clients use :class:`envs.retrieval.remote.RemoteRetriever` (``--retriever http://host:8000`` in
 ``inference.evaluate``, ``retriever: http://host:8000`` in the training configs). JSON only:
 
 - ``POST /search``   ``{"queries": [...], "k": 5}`` ->
@@ -34,8 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from envs.types import Hit
-from envs.microbatch import MicroBatcher  # noqa: E402,F401  (re-exported)
-from envs.server_requests import (  # noqa: E402,F401  (re-exported)
+from envs.retrieval.microbatch import MicroBatcher  # noqa: E402,F401  (re-exported)
+from envs.retrieval.server_requests import (  # noqa: E402,F401  (re-exported)
     DEFAULT_K, ROUTES, SEARCH_R1_DEFAULT_TOPK, RequestError, ServerLimits, hit_json, parse_retrieve, parse_rows,
     parse_search, passage_json, search_r1_document, search_r1_result,
 )
@@ -291,7 +291,7 @@ def is_loopback(host: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m envs.server", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m envs.retrieval.server", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     limits = ServerLimits()
     parser.add_argument("--index", default="default",
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: binding {args.host}: anyone who can reach port {args.port} can query this index "
               "(there is no authentication); use --host 127.0.0.1 unless the network is trusted",
               file=sys.stderr)
-    from envs.defaults import open_retriever
+    from envs.retrieval.defaults import open_retriever
 
     if str(args.index).startswith(("http://", "https://")):
         raise SystemExit("error: --index must be an index folder or 'default', not a URL")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from inference.backends.base import GenerationRequest, GenerationResult
+if TYPE_CHECKING:  # types only: methods.llm imports this module
+    from methods.llm import GenerationRequest, GenerationResult
 
 
 class RequestBatcher:

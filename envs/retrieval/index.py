@@ -4,7 +4,7 @@ device-aware searcher with optional exact re-ranking.
 An index directory holds:
 
 - ``embeddings.npy``: float32 ``(n, dim)`` passage embeddings, row i = corpus row i, written
-  batch by batch with ``pwrite`` (see :mod:`envs.index_embed`), so memory does not grow with
+  batch by batch with ``pwrite`` (see :mod:`envs.retrieval.index_embed`), so memory does not grow with
   the corpus. It is kept after the build on purpose: re-ranking (``rerank``) reads candidate
   rows from it, the CUDA path without faiss-gpu searches it directly, and a new index type is
   built from it without encoding the corpus again. (Cost: 4 * n * dim bytes of disk, 64.6 GB
@@ -22,13 +22,13 @@ An index directory holds:
 
 Memory model. Embedding is streamed (a batch at a time). The index is trained on a row-sorted
 sample read from the file, then filled chunk by chunk into arrays reserved at their final size
-(:mod:`envs.index_build`), so the build's peak is about ``baseline + max(training sample
+(:mod:`envs.retrieval.index_build`), so the build's peak is about ``baseline + max(training sample
 copies, finished index + one chunk)``. With ``memory_budget`` those sizes come from the budget
 and a type whose index cannot fit is refused before anything is encoded (formulas and
-bytes-per-vector table in :mod:`envs.index_memory`). Searching holds the whole index in RAM:
+bytes-per-vector table in :mod:`envs.retrieval.index_memory`). Searching holds the whole index in RAM:
 Flat/HNSW keep every vector (4 * dim bytes each, 64.6 GB for 21M x 768); IVF-PQ keeps m + 8
 bytes per vector and, with ``rerank=K'``, re-scores K' candidates exactly from the memory-mapped
-``embeddings.npy`` (:func:`envs.rerank.rerank_exact`), which brings back most of the exact
+``embeddings.npy`` (:func:`envs.retrieval.rerank.rerank_exact`), which brings back most of the exact
 recall for the RAM of the compressed codes.
 
 ``index_type`` is any FAISS factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ16"`` ...) or
@@ -48,9 +48,9 @@ import faiss
 import numpy as np
 
 from envs.atomic import write_json_atomic
-from envs.encoders import Encoder
-from envs.index_build import fill_index, train_and_fill, train_rows  # noqa: F401  (re-exported)
-from envs.index_embed import (  # noqa: F401  (re-exported)
+from envs.retrieval.encoders import Encoder
+from envs.retrieval.index_build import fill_index, train_and_fill, train_rows  # noqa: F401  (re-exported)
+from envs.retrieval.index_embed import (  # noqa: F401  (re-exported)
     EMBEDDINGS_FILE,
     STATE_FILE,
     EmbeddingsFile,
@@ -58,8 +58,8 @@ from envs.index_embed import (  # noqa: F401  (re-exported)
     encoder_identity,
     read_json,
 )
-from envs.index_embed import embed_corpus as embed_to_file
-from envs.index_memory import (  # noqa: F401  (re-exported)
+from envs.retrieval.index_embed import embed_corpus as embed_to_file
+from envs.retrieval.index_memory import (  # noqa: F401  (re-exported)
     INDEX_NAMES,
     MemoryBudgetError,
     current_rss_bytes,
@@ -71,7 +71,7 @@ from envs.index_memory import (  # noqa: F401  (re-exported)
     plan_build,
     resolve_index_type,
 )
-from envs.rerank import rerank_exact
+from envs.retrieval.rerank import rerank_exact
 
 INDEX_FILE = "index.faiss"
 META_FILE = "meta.json"
@@ -126,7 +126,7 @@ def read_meta(index_dir: str | os.PathLike) -> dict:
     if meta is None:
         raise FileNotFoundError(
             f"no complete index in {index_dir} (missing {META_FILE}); "
-            "build one with scripts/build_index.py or envs.index.build_index"
+            "build one with scripts/build_index.py or envs.retrieval.index.build_index"
         )
     return meta
 
@@ -139,7 +139,7 @@ def embed_corpus(corpus, encoder: Encoder, out_dir: Path, batch_size: int = 256,
                  devices: Sequence[str] | None = None, encoder_options: dict | None = None) -> np.memmap:
     """Stream passage embeddings into ``out_dir/embeddings.npy`` (resumable; one process per
     device with two or more ``devices``); return the file as a read-only memmap. See
-    :func:`envs.index_embed.embed_corpus`."""
+    :func:`envs.retrieval.index_embed.embed_corpus`."""
     result = embed_to_file(corpus, encoder, out_dir, batch_size, resume, on_batch, show_progress,
                            devices=devices, encoder_options=encoder_options)
     return np.load(result.path, mmap_mode="r")
@@ -174,7 +174,7 @@ def build_index(corpus, encoder: Encoder, out_dir: str | os.PathLike, index_type
     ``memory_budget`` (bytes or ``"8GB"``/``"512MiB"``): peak RAM to stay within; the training
     sample (at most ``train_size``), the add chunk (at most ``add_chunk``) and the encode batch
     (at most ``batch_size``) are derived from it, and :class:`MemoryBudgetError` is raised
-    before encoding when the index cannot fit (:func:`envs.index_memory.plan_build`).
+    before encoding when the index cannot fit (:func:`envs.retrieval.index_memory.plan_build`).
     ``devices``: e.g. ``["cuda:0", "cuda:1"]``: one encoder process per device over contiguous
     shards (``["cpu", "cpu"]`` works too); None: every GPU when the encoder runs on CUDA, several
     exist and the corpus has at least 100,000 rows, else this process. ``encoder_options``: extra

@@ -1,11 +1,11 @@
-"""Client of the retrieval server (``envs/server.py``): a drop-in for the local Retriever.
+"""Client of the retrieval server (``envs/retrieval/server.py``): a drop-in for the local Retriever.
 
-    from envs.remote import RemoteRetriever
-    retriever = RemoteRetriever("http://10.0.0.5:8000")   # python -m envs.server running there
+    from envs.retrieval.remote import RemoteRetriever
+    retriever = RemoteRetriever("http://10.0.0.5:8000")   # python -m envs.retrieval.server running there
     hits = retriever.search(["who wrote hamlet"], k=5)      # list[list[Hit]], as Retriever.search
     env = SearchEnv(retriever, dataset)                     # .corpus serves distractor injection
 
-Or from a spec string: ``envs.defaults.open_retriever("http://10.0.0.5:8000")``.
+Or from a spec string: ``envs.retrieval.defaults.open_retriever("http://10.0.0.5:8000")``.
 
 Retries with exponential back-off (``backoff * 2**attempt`` seconds) on connection errors,
 timeouts and 5xx answers only; a 4xx answer raises :class:`RemoteRetrievalError` at once with

@@ -12,12 +12,12 @@ import hashlib
 import re
 from pathlib import Path
 
-from envs.corpus import load_corpus
-from envs.default_corpus import default_corpus_path
-from envs.encoders import canonical_encoder_name, load_encoder
-from envs.index import DenseIndex, build_index
+from envs.retrieval.corpus import load_corpus
+from envs.retrieval.default_corpus import default_corpus_path
+from envs.retrieval.encoders import canonical_encoder_name, load_encoder
+from envs.retrieval.index import DenseIndex, build_index
 from envs.paths import cache_dir
-from envs.retriever import Retriever
+from envs.retrieval.retriever import Retriever
 
 
 def _slug(text: str, limit: int = 40) -> str:
@@ -38,8 +38,8 @@ def default_retriever(index_type: str = "Flat", encoder: str = "minilm", device:
                       cache_size: int = 4096, show_progress: bool = True) -> Retriever:
     """Retriever over the default corpus, building and caching its index on first use.
 
-    ``encoder`` and ``index_type`` take the names :func:`envs.encoders.load_encoder` and
-    :func:`envs.index.build_index` accept; ``device`` as in :meth:`DenseIndex.load`.
+    ``encoder`` and ``index_type`` take the names :func:`envs.retrieval.encoders.load_encoder` and
+    :func:`envs.retrieval.index.build_index` accept; ``device`` as in :meth:`DenseIndex.load`.
     """
     corpus = load_corpus(default_corpus_path())
     model = load_encoder(encoder, device=None if device == "auto" else device, show_progress=show_progress)
@@ -53,7 +53,7 @@ def open_retriever(spec: str | None, corpus=None, device: str = "auto"):
     """The one way to open a retriever from a spec string (command lines, configs).
 
     ``None`` or ``"default"``: :func:`default_retriever`; ``"http://..."`` / ``"https://..."``: a
-    :class:`envs.remote.RemoteRetriever` of that server (``python -m envs.server``); anything else:
+    :class:`envs.retrieval.remote.RemoteRetriever` of that server (``python -m envs.retrieval.server``); anything else:
     an index folder, :meth:`Retriever.from_dir` with ``corpus`` (None: the path in its meta.json).
     """
     if spec is None or str(spec) == "default":
@@ -62,7 +62,15 @@ def open_retriever(spec: str | None, corpus=None, device: str = "auto"):
         if corpus is not None:
             raise ValueError(f"a corpus ({corpus}) cannot be given with a retrieval server ({spec}): "
                              "the server serves its own")
-        from envs.remote import RemoteRetriever
+        from envs.retrieval.remote import RemoteRetriever
 
         return RemoteRetriever(str(spec))
     return Retriever.from_dir(spec, corpus=corpus, device=device)
+
+
+def open_run_retriever(server: str | None, index: str | None, corpus=None, device: str = "auto"):
+    """A run's retriever from its config (PPO, SFT, evaluation): the retrieval server at ``server``
+    (a URL) when one is given, else ``index`` (a folder, a URL, or None/"default") over ``corpus``."""
+    if server:
+        return open_retriever(server, device=device)
+    return open_retriever(index, corpus=corpus, device=device)

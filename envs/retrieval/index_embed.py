@@ -23,7 +23,7 @@ number of devices and still reuse what was done.
 
 Sharded embedding (:func:`embed_corpus` with ``devices=[...]``, two or more) starts one
 process per device with the ``spawn`` start method. A child rebuilds the encoder from its name
-and settings (:func:`envs.encoders.load_encoder`; models are never pickled), reopens the corpus
+and settings (:func:`envs.retrieval.encoders.load_encoder`; models are never pickled), reopens the corpus
 from its path, checks both against the parent's, and writes its rows straight into the shared
 file. The parent shows one progress bar (with ETA) and stops every child if one fails or if it
 is interrupted; running the build again resumes each shard.
@@ -427,9 +427,9 @@ def shard_worker(job: dict, messages) -> None:
     """Entry point of one spawned embedding process (see the module docstring)."""
     shard = job["shard"]
     try:
-        from envs.corpus import load_corpus
-        from envs.encoders import load_encoder
-        from envs.index_memory import peak_rss_bytes
+        from envs.retrieval.corpus import load_corpus
+        from envs.retrieval.encoders import load_encoder
+        from envs.retrieval.index_memory import peak_rss_bytes
 
         device = job["device"]
         corpus = load_corpus(job["corpus_path"], fmt=job["corpus_format"])
