@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from envs.atomic import atomic_write, write_json_atomic
+from envs.retrieval.encoders import load_encoder
+from envs.retrieval.index import read_meta
 from inference import analysis_metrics as am
 from inference.analysis_momentum import momentum_analysis
 from inference.predictions import PredictionsFileError, load_predictions
@@ -87,8 +89,6 @@ def encoder_name(config: dict, override: str | None = None) -> str:
     index = config.get("index") or "default"
     if index == "default":
         return "minilm"
-    from envs.retrieval.index import read_meta
-
     try:
         return read_meta(index)["encoder"]
     except (FileNotFoundError, KeyError, ValueError) as err:
@@ -97,8 +97,6 @@ def encoder_name(config: dict, override: str | None = None) -> str:
 
 def encoder_embed(name: str) -> Embed:
     """``texts -> (n, D)`` query embeddings of the encoder ``name`` (envs.retrieval.encoders.load_encoder)."""
-    from envs.retrieval.encoders import load_encoder
-
     try:
         encoder = load_encoder(name, show_progress=False)
     except (ImportError, OSError, ValueError) as err:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from inference.analysis_momentum import cosine
+from inference.analysis_momentum import cosine, round_embedding
 
 Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> (n, D)
 RECALL_K = 5
@@ -294,8 +294,6 @@ def count_bad_rounds(records: Sequence[dict]) -> int:
 
 def momentum_trajectories(records: Sequence[dict], embed: Embed) -> dict[str, np.ndarray]:
     """question id -> ``(T+1, D)``: the question, then each round's normalised mean sub-query embedding."""
-    from inference.analysis_momentum import round_embedding
-
     texts = [r["question"] for r in records] + [s["query"] for r in records for s in r["searches"]]
     vectors = embed_texts(embed, texts)
     out = {}

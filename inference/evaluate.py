@@ -15,15 +15,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from tqdm import tqdm
 
+import methods
 from envs.atomic import write_json_atomic
+from envs.config import EnvConfig
+from envs.data import load_questions
+from envs.retrieval.defaults import open_run_retriever
+from inference.backends import load_backend
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize
+from methods.runner import run_questions_sync
 
 DEFAULT_LLM = "hf:gemma3-270m"
 DEFAULT_QUESTIONS = 100
@@ -78,8 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _methods() -> list[str]:
-    import methods
-
     return methods.available()
 
 
@@ -118,14 +124,8 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
 
 
 def load_examples(args: argparse.Namespace):
-    if args.data:
-        from envs.data import load_qa
-
-        examples = load_qa(args.data, split=args.split, limit=args.limit)
-    else:
-        from envs.default_questions import generate_default_questions
-
-        examples = generate_default_questions(args.limit or DEFAULT_QUESTIONS, seed=args.seed)
+    examples = load_questions(args.data, split=args.split, limit=args.limit if args.data else
+                              args.limit or DEFAULT_QUESTIONS, seed=args.seed)
     ids = [e.id for e in examples]
     duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
     if duplicates:
@@ -135,11 +135,7 @@ def load_examples(args: argparse.Namespace):
 
 def load_retriever(args: argparse.Namespace):
     """``--retriever URL`` (a retrieval server), else ``--index`` (a folder or a URL), else the default."""
-    from envs.retrieval.defaults import open_retriever
-
-    if getattr(args, "retriever", None):
-        return open_retriever(args.retriever)
-    return open_retriever(args.index, corpus=args.corpus)
+    return open_run_retriever(args.retriever, args.index, args.corpus)
 
 
 def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
@@ -161,8 +157,6 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
 
 def build_method(args: argparse.Namespace):
     """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason."""
-    import methods
-
     options = parse_options(args.method_option, "--method-option")
     if args.variant:
         if options.get("variant", args.variant) != args.variant:
@@ -175,12 +169,6 @@ def build_method(args: argparse.Namespace):
 
 
 def evaluate(args: argparse.Namespace) -> dict:
-    import methods
-    from envs.config import EnvConfig
-    from inference.backends import load_backend
-    from methods.runner import run_questions_sync
-    from tqdm import tqdm
-
     method = build_method(args)
     base_env = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
     config = run_config(args, method, method.env_config(base_env))
@@ -215,8 +203,6 @@ def evaluate(args: argparse.Namespace) -> dict:
 
 
 def log_to_wandb(args: argparse.Namespace, config: dict, metrics: dict, records: list[dict]) -> None:
-    import os
-
     try:
         import wandb
     except ImportError as err:

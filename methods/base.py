@@ -62,8 +62,6 @@ def require_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 
 def get(name: str, **options: Any) -> Method:
     """Build the registered method ``name`` with ``options`` (its dataclass fields)."""
-    import methods  # noqa: F401  (importing the package registers every method)
-
     if name not in REGISTRY:
         raise KeyError(f"unknown method {name!r}; available: {', '.join(sorted(REGISTRY))}")
     cls = REGISTRY[name]
@@ -76,6 +74,4 @@ def get(name: str, **options: Any) -> Method:
 
 
 def available() -> list[str]:
-    import methods  # noqa: F401
-
     return sorted(REGISTRY)

@@ -45,7 +45,8 @@ def main(argv: list[str]) -> int:
 
     from training.config import PPOConfig, load_config
     from training.models import build_models
-    from training.ppo import accelerator_handlers, train
+    from training.distributed import accelerator_handlers
+    from training.ppo import train
 
     cfg = load_config(PPOConfig, argv)
     accelerator = Accelerator(kwargs_handlers=accelerator_handlers())

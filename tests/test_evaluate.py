@@ -30,7 +30,7 @@ def setup(tmp_path, monkeypatch):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     llm = FakeLLM(competent)
-    monkeypatch.setattr("inference.backends.load_backend", lambda spec, **kw: llm)
+    monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: llm)
     return {"index": str(index), "data": str(data), "out": tmp_path / "run", "llm": llm}
 
 

@@ -22,7 +22,8 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 from inference.backends import decoding, load_backend
 from methods.llm import GenerationRequest
 from inference.backends.decoding import IncrementalText, sample_tokens
-from inference.backends.hf import HFBackend, prefill_groups
+from inference.backends.hf import HFBackend
+from inference.backends.hf_cache import prefill_groups
 
 TRAINING_TEXT = [
     "The capital of France is Paris. <search>capital of France</search>. The answer is <answer>Paris</answer>.",

@@ -21,7 +21,7 @@ import torch
 
 from tests.ppo_runs import free_port, write_tiny_run
 from training.config import ConfigError, PPOConfig
-from training.ppo import accelerator_handlers, configure_deepspeed
+from training.distributed import accelerator_handlers, configure_deepspeed
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                      reason="DeepSpeed is not installed (pip install -e '.[test]' brings it)")

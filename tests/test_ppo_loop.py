@@ -13,7 +13,8 @@ from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training.checkpoint import export_hf, list_checkpoints, load_latest
 from training.config import ConfigError, LoraSettings, PPOConfig, load_config, save_resolved
 from training.models import sequence_logprobs, sequence_values, wrap_models
-from training.ppo import next_questions, train
+from training.inputs import next_questions
+from training.ppo import train
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,7 @@ def test_no_config_means_the_embedded_default_recipe():
 
 
 def test_sft_warm_start_hook(tmp_path, monkeypatch):
-    from training.ppo import resolve_sft_checkpoint
+    from training.ppo_setup import resolve_sft_checkpoint
     from training.sft import warm_start_config
 
     calls = []
@@ -254,7 +255,7 @@ def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):
     import sys
     from types import SimpleNamespace
 
-    from training.ppo import log_sample_table
+    from training.ppo_report import log_sample_table
 
     logged = []
 

@@ -78,7 +78,7 @@ def files(tmp_path_factory):
 
 def evaluate(files, backend, monkeypatch, options: dict) -> list[dict]:
     """``python -m inference.evaluate --method seeds-r1 ...`` with ``backend`` as the LLM."""
-    monkeypatch.setattr("inference.backends.load_backend", lambda spec, **kw: backend)
+    monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: backend)
     out = files / "run"
     argv = ["--method", "seeds-r1", "--data", str(files / "qa.jsonl"), "--index", str(files / "index"),
             "--env-config", str(files / "env.yaml"), "--llm", "hf:tiny", "--out", str(out), "--overwrite"]

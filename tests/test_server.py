@@ -178,7 +178,7 @@ def test_binding_elsewhere_than_loopback_warns(monkeypatch, capsys):
     def stop(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("envs.retrieval.defaults.open_retriever", lambda *a, **kw: FlakyRetriever(local_stub(), 0))
+    monkeypatch.setattr("envs.retrieval.server.open_retriever", lambda *a, **kw: FlakyRetriever(local_stub(), 0))
     monkeypatch.setattr(RetrievalServer, "serve_forever", stop)
     assert server_main(["--host", "0.0.0.0", "--port", "0"]) == 0
     assert "WARNING" in capsys.readouterr().err
@@ -416,7 +416,7 @@ def test_evaluate_takes_a_retriever_url(server, index_dir):
 
 def test_training_configs_take_a_retriever_url(server):
     from training.config import PPOConfig
-    from training.ppo import load_retriever as ppo_retriever
+    from training.inputs import load_retriever as ppo_retriever
     from training.sft import WarmStartConfig, load_retriever as sft_retriever, warm_start_config
 
     assert isinstance(ppo_retriever(PPOConfig(retriever=server.url)), RemoteRetriever)

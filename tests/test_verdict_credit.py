@@ -15,7 +15,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
 from training.config import ConfigError, PPOConfig
-from training.ppo import episodes_to_batch
+from training.ppo_batch import episodes_to_batch
 from training.advantages import two_choice_advantages
 from training.rollout import RolloutConfig, collect_rollouts
 

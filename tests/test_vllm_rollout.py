@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from envs.config import EnvConfig
 from envs.vector_env import SearchVectorEnv
-from inference.backends.vllm_backend import _hf_state_items
+from inference.backends.vllm_backend import hf_state_items
 from methods.seeds import SeedsR1
 from tests.tiny_models import tiny_tokenizer
 from training import rollout_engine
@@ -143,7 +143,7 @@ def test_lora_is_merged_into_a_copy_and_the_actor_is_untouched(tok, dtype):
     models = wrap_models(llama(tok).to(dtype), tok, tiny_cfg("unused", "unused"))
     perturb_lora(models.actor.lm, seed=0)
     before = {n: p.detach().clone() for n, p in models.actor.lm.named_parameters()}
-    items = dict(_hf_state_items(models.actor.lm))
+    items = dict(hf_state_items(models.actor.lm))
     expected = copy.deepcopy(models.actor.lm).merge_and_unload().state_dict()
     assert items.keys() == expected.keys()
     assert all(torch.equal(items[k], expected[k]) for k in expected)  # peft's own merge, bit for bit

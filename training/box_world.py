@@ -22,7 +22,9 @@ from envs.types import Hit, Passage, QAExample
 from methods.prompts import r1
 from training.config import LoraSettings, PPOConfig
 from training.sft import run as run_sft
+from training.sft_collect import collect
 from training.sft_config import WarmStartConfig
+from training.trajectories import sft_rows
 
 KEYS = ["amber", "basil", "cedar", "delta", "ember", "flint", "grove", "heron"]
 TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>", "<snapshot>", "</snapshot>",
@@ -127,9 +129,6 @@ def protocol_policy(setup, device: str | torch.device, dtype: torch.dtype, steps
     """A random policy taught the protocol by a few plain supervised steps on the scripted
     teacher's episodes, without TRL (for machines that lack it, e.g. ``scripts/gpu_check.py``):
     it searches, judges and answers, so its rewards differ between samples."""
-    from training.sft_collect import collect
-    from training.trajectories import sft_rows
-
     config = warm_start_config(setup)
     records = collect(config, setup["train"], setup["retriever"], tokenizer=setup["tok"])
     rows = sft_rows(records, setup["tok"], max_length=config.max_length, expand_form="judge")

@@ -324,7 +324,7 @@ def help_text(cls: type) -> str:
     return "\n".join(lines)
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: Any) -> dict[str, Any]:  # any config dataclass (PPOConfig, WarmStartConfig)
     return dataclasses.asdict(cfg)
 
 

@@ -21,7 +21,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from peft import LoraConfig, get_peft_model
 from torch.utils.checkpoint import checkpoint
+
+from inference.models import ensure_pad_token, load_causal_lm, load_tokenizer, strip_gguf_quantizer
+from training.config import LoraSettings, PPOConfig
 
 from training.ppo_core import (
     choice_entropy_from_logits,
@@ -155,11 +159,9 @@ class Models:
     tokenizer: Any
 
 
-def _lora_config(settings: Any, task_type: str | None, num_layers: int):
+def _lora_config(settings: LoraSettings, task_type: str | None, num_layers: int) -> LoraConfig:
     """peft LoraConfig; with ``settings.top_layers`` = N, only decoder layers ``num_layers−N ..`` get adapters."""
-    from peft import LoraConfig
-
-    top = getattr(settings, "top_layers", None)
+    top = settings.top_layers
     if top is not None and top > num_layers:
         raise ValueError(f"lora.top_layers={top} but the model has {num_layers} decoder layers")
     layers = list(range(num_layers - top, num_layers)) if top else None
@@ -168,17 +170,13 @@ def _lora_config(settings: Any, task_type: str | None, num_layers: int):
                       layers_to_transform=layers, layers_pattern="layers" if layers else None)
 
 
-def uses_critic(cfg: Any) -> bool:
+def uses_critic(cfg: PPOConfig) -> bool:
     """Only GAE needs a learned value; the others (grpo, rloo, reinforce, reinforce_pp) run without a critic."""
-    return getattr(cfg, "advantage", "gae") == "gae"
+    return cfg.advantage == "gae"
 
 
-def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
+def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
     """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base)."""
-    from peft import get_peft_model
-
-    from inference.models import ensure_pad_token, strip_gguf_quantizer
-
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
     hidden_size = lm.config.get_text_config().hidden_size
     num_layers = lm.config.get_text_config().num_hidden_layers
@@ -212,10 +210,8 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: Any) -> Models:
     return Models(actor, critic, reference_logprobs, ensure_pad_token(tokenizer))
 
 
-def build_models(cfg: Any, device: str | None = None) -> Models:
+def build_models(cfg: PPOConfig, device: str | None = None) -> Models:
     """Load ``cfg.sft_checkpoint`` (or ``cfg.model``) and wrap it (see :func:`wrap_models`)."""
-    from inference.models import load_causal_lm, load_tokenizer
-
     spec = cfg.sft_checkpoint or cfg.model
     lm = load_causal_lm(spec, device=device or "auto", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
     tokenizer = load_tokenizer(spec, trust_remote_code=cfg.trust_remote_code)

@@ -64,6 +64,7 @@ from envs.rewards import RewardConfig
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from methods.llm import GenerationRequest, LLMBackend
+from methods.seeds import SeedsR1
 from methods.agent_loop import (
     FORCE_ANSWER_DEFAULT,
     FORCED_ANSWER_MAX_TOKENS,
@@ -73,7 +74,7 @@ from methods.agent_loop import (
     forced_answer_text,
     must_force_answer,
 )
-from training.rollout_generation import TurnGenerator, eos_logprobs
+from training.rollout_generation import TurnGenerator, end_episode, eos_logprobs, request_seed
 from training.rollout_judge import judge_snapshots, judging_rows, record_judgement, verdict_reward_gaps
 
 __all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
@@ -144,8 +145,6 @@ class RolloutConfig:
 
 
 def default_prompt_fn() -> Callable[[str], str]:
-    from methods.seeds import SeedsR1
-
     return SeedsR1().prompt
 
 
@@ -179,12 +178,6 @@ class _Slot:
         self.logprobs += logprobs
         self.turns += [self.turn] * len(ids)
         self.choices += [int(choice)] * len(ids)
-
-
-def _request_seed(seed: int | None, episode: int, turn: int) -> int | None:
-    if seed is None:
-        return None
-    return (seed * 1_000_003 + episode * 10_007 + turn) % (2**31 - 1)
 
 
 def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Sequence[QAExample],
@@ -251,7 +244,7 @@ class _Batch:
             slots.append(_Slot(offset + k, example, group, ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids),
                                len(ids), choices=[0] * len(ids)))
             if len(ids) + self.reserve > config.max_context_tokens:
-                _end(venv, slots[k], k, reason="context_limit")
+                end_episode(venv, slots[k], k, reason="context_limit")
         while True:
             self.generator.release([k for k, s in enumerate(slots) if s.done])
             live = [k for k, s in enumerate(slots) if not s.done]
@@ -272,7 +265,7 @@ class _Batch:
         for k, result in zip(live, self.generator.generate(requests, live)):
             completion, slot = result.completions[0], slots[k]
             if completion.finish_reason == "error":
-                _end(self.venv, slot, k, reason="error")
+                end_episode(self.venv, slot, k, reason="error")
                 slot.info["error"] = completion.error
                 continue
             assert len(completion.token_ids) == len(completion.logprobs)
@@ -281,7 +274,7 @@ class _Batch:
             if k in forced:
                 answer = forced_answer_text(completion.text)
                 if not answer:  # nothing to answer with: ends unanswered, as in evaluation
-                    _end(self.venv, slot, k, reason="empty_answer")
+                    end_episode(self.venv, slot, k, reason="empty_answer")
                     continue
                 actions[k] = format_answer(answer)
             completions[k] = completion
@@ -330,7 +323,7 @@ class _Batch:
             stop, max_tokens = (FORCED_ANSWER_STOP,), FORCED_ANSWER_MAX_TOKENS
         return GenerationRequest(list(slot.ids), stop=stop, max_tokens=max_tokens, temperature=config.temperature,
                                  top_p=config.top_p, top_k=config.top_k,
-                                 seed=_request_seed(config.seed, slot.index, slot.turn))
+                                 seed=request_seed(config.seed, slot.index, slot.turn))
 
     def open_forced_answers(self, slots: list[_Slot], live: list[int]) -> set[int]:
         """Episodes with one action left get ``<answer>`` as prompt tokens (after a forced
@@ -360,7 +353,7 @@ class _Batch:
         ends (``context_limit``) without it."""
         ids = [t for text in texts for t in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
         if len(slot.ids) + len(ids) + (room or self.reserve) > self.config.max_context_tokens:
-            _end(self.venv, slot, k, reason="context_limit")
+            end_episode(self.venv, slot, k, reason="context_limit")
             return False
         slot.append(ids, 0, [0.0] * len(ids))
         return True
@@ -378,12 +371,6 @@ class _Batch:
                                              config.temperature, config.top_k, config.top_p)
         for k, value in zip(answered, values):
             slots[k].append([self.eos_id], 1, [float(value)])
-
-
-def _end(venv: SearchVectorEnv, slot: _Slot, k: int, reason: str) -> None:
-    """End an episode the env did not end: its reward is the env's summary as it stands."""
-    slot.done, slot.finish_reason = True, reason
-    slot.info = venv.envs[k].summary()
 
 
 def _episode(slot: _Slot, tokenizer: Any, reward_config: RewardConfig) -> Episode:

@@ -37,20 +37,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM
+
+from inference.backends.hf import HFBackend
+from inference.backends.vllm_backend import VLLMBackend, hf_state_items
+from inference.models import resolve_model
 from methods.llm import LLMBackend
+from training.config import PPOConfig
 
 _ENGINE: tuple[tuple, Any] | None = None  # (settings key, VLLMBackend): this process's engine
 
 
-def build_rollout_backend(cfg: Any, policy: Any, tokenizer: Any, accelerator: Any) -> LLMBackend:
+def build_rollout_backend(cfg: PPOConfig, policy: Any, tokenizer: Any, accelerator: Any) -> LLMBackend:
     """The rollout backend that ``cfg.rollout_engine`` names, for the (unwrapped) actor ``policy``.
 
     The vLLM engine starts with the folder's weights; call :func:`sync_rollout_weights` before use.
     """
     if cfg.rollout_engine == "hf":
-        from inference.backends.hf import HFBackend
-
-        if getattr(cfg, "rollout_merge_lora", False) and policy.is_lora:
+        if cfg.rollout_merge_lora and policy.is_lora:
             return MergedLoraHFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
                                        max_context=cfg.max_context_tokens + 1)
         return HFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
@@ -65,37 +70,25 @@ def build_rollout_backend(cfg: Any, policy: Any, tokenizer: Any, accelerator: An
     return backend
 
 
-def _merged_lora_backend_class():
-    from inference.backends.hf import HFBackend
+class MergedLoraHFBackend(HFBackend):
+    """The HF engine over a plain copy of a LoRA actor with the adapter merged in.
 
-    class MergedLoraHFBackend(HFBackend):
-        """The HF engine over a plain copy of a LoRA actor with the adapter merged in.
+    A peft forward runs every adapted Linear twice (base + the low-rank path, with dtype casts),
+    which made token-by-token decoding about 2.7x slower than the merged model on a 2-core CPU
+    (Gemma 3 270M, bf16). The copy is built once; :meth:`sync_weights` writes
+    ``base + B·A·scale`` into it (out of place, the actor's own weights untouched) before every
+    rollout phase. Costs one extra copy of the base weights.
+    """
 
-        A peft forward runs every adapted Linear twice (base + the low-rank path, with dtype casts),
-        which made token-by-token decoding about 2.7x slower than the merged model on a 2-core CPU
-        (Gemma 3 270M, bf16). The copy is built once; :meth:`sync_weights` writes
-        ``base + B·A·scale`` into it (out of place, the actor's own weights untouched) before every
-        rollout phase. Costs one extra copy of the base weights.
-        """
+    def __init__(self, lm: Any, tokenizer: Any, **options: Any):
+        super().__init__(merged_copy(lm), tokenizer, **options)
 
-        def __init__(self, lm: Any, tokenizer: Any, **options: Any):
-            super().__init__(merged_copy(lm), tokenizer, **options)
-
-        def sync_weights(self, lm: Any) -> None:
-            copy_merged_weights(lm, self.model)
-
-    return MergedLoraHFBackend
-
-
-def MergedLoraHFBackend(lm: Any, tokenizer: Any, **options: Any) -> LLMBackend:  # noqa: N802 (a class factory)
-    return _merged_lora_backend_class()(lm, tokenizer, **options)
+    def sync_weights(self, lm: Any) -> None:
+        copy_merged_weights(lm, self.model)
 
 
 def merged_copy(lm: Any) -> Any:
     """A plain transformers model (no peft layers) holding ``lm``'s weights with LoRA merged."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     base = lm.get_base_model()
     dtype = next(base.parameters()).dtype
     with torch.device("meta"):
@@ -115,14 +108,10 @@ def merged_copy(lm: Any) -> Any:
 def copy_merged_weights(lm: Any, plain: Any) -> None:
     """Write ``lm``'s weights (LoRA merged out of place) into the plain model ``plain``; every
     parameter of ``plain`` must receive a value (tied ones through the weight they share)."""
-    import torch
-
-    from inference.backends.vllm_backend import _hf_state_items
-
     targets = plain.state_dict(keep_vars=True)
     written = set()
     with torch.no_grad():
-        for name, tensor in _hf_state_items(lm):
+        for name, tensor in hf_state_items(lm):
             if name not in targets:
                 raise KeyError(f"merged weight {name!r} has no place in the rollout copy")
             targets[name].copy_(tensor)
@@ -146,12 +135,10 @@ def sync_rollout_weights(backend: LLMBackend, policy: Any) -> float:
 def engine_model_folder(cfg: Any) -> Path:
     """The folder the actor was loaded from (the SFT policy, else the base model): the engine's
     architecture, config, tokenizer and starting weights."""
-    from inference.models import resolve_model
-
     return resolve_model(cfg.sft_checkpoint or cfg.model)
 
 
-def vllm_engine_options(cfg: Any, policy: Any, accelerator: Any) -> dict[str, Any]:
+def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[str, Any]:
     """``VLLMBackend`` keyword arguments for this process (see the module docstring)."""
     settings = cfg.vllm
     dtype = settings.dtype
@@ -177,7 +164,7 @@ def vllm_engine_options(cfg: Any, policy: Any, accelerator: Any) -> dict[str, An
     return options
 
 
-def set_engine_environment(cfg: Any, accelerator: Any) -> None:
+def set_engine_environment(cfg: PPOConfig, accelerator: Any) -> None:
     """Environment variables vLLM reads when the engine starts (values already set win, except
     the ranks, which must be the trainer's)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights by reference
@@ -197,10 +184,6 @@ def vllm_engine(folder: str | Path, options: dict[str, Any]) -> Any:
     if _ENGINE is not None and _ENGINE[0] == key:
         return _ENGINE[1]
     close_engine()
-    import torch
-
-    from inference.backends.vllm_backend import VLLMBackend
-
     threads, set_threads = torch.get_num_threads(), torch.set_num_threads  # the CPU worker replaces the latter
     try:
         backend = VLLMBackend(str(folder), **options)

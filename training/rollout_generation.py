@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from inference.backends.hf_session import session_supported
 from methods.llm import GenerationRequest, GenerationResult, LLMBackend
 
 
@@ -27,8 +28,6 @@ class TurnGenerator:
     """One batch of episodes' access to the model. ``keys`` name the episodes (stable across turns)."""
 
     def __init__(self, backend: LLMBackend, reuse_kv_cache: bool = True):
-        from inference.backends.hf_session import session_supported
-
         self.backend = backend
         self.session = backend.session() if reuse_kv_cache and session_supported(backend) else None
 
@@ -142,3 +141,16 @@ def _vllm_eos_logprobs(backend: Any, sequences: list[list[int]], eos_id: int) ->
         entry = output.prompt_logprobs[-1][eos_id]
         values.append(float(getattr(entry, "logprob", entry)))
     return values
+
+
+def request_seed(seed: int | None, episode: int, turn: int) -> int | None:
+    """The sampling seed of one request: a function of the run seed, the episode and the turn."""
+    if seed is None:
+        return None
+    return (seed * 1_000_003 + episode * 10_007 + turn) % (2**31 - 1)
+
+
+def end_episode(venv: Any, slot: Any, k: int, reason: str) -> None:
+    """End an episode the env did not end: its reward is the env's summary as it stands."""
+    slot.done, slot.finish_reason = True, reason
+    slot.info = venv.envs[k].summary()

@@ -22,6 +22,7 @@ from typing import Any
 from envs.protocol import JUDGE_WORDS, judge_chunks, judgement_action
 from envs.rewards import RewardConfig, verdict_reward_gap
 from methods.llm import GenerationRequest
+from training.rollout_generation import end_episode, request_seed
 
 
 def judging_rows(observations: list[str], rows: list[int]) -> dict[int, tuple[list[str], str]]:
@@ -36,10 +37,8 @@ def judging_rows(observations: list[str], rows: list[int]) -> dict[int, tuple[li
 
 def verdict_request(batch: Any, slot: Any, step: int) -> GenerationRequest:
     """One verdict token after the slot's context (sampled like a turn, its own seed)."""
-    from training.rollout import _request_seed
-
     config = batch.config
-    seed = _request_seed(config.seed, slot.index, 1000 * (slot.turn + 1) + step)
+    seed = request_seed(config.seed, slot.index, 1000 * (slot.turn + 1) + step)
     return GenerationRequest(list(slot.ids), stop=(), max_tokens=1, temperature=config.temperature,
                              top_p=config.top_p, top_k=config.top_k, seed=seed,
                              allowed_token_ids=batch.verdict_ids)
@@ -48,8 +47,6 @@ def verdict_request(batch: Any, slot: Any, step: int) -> GenerationRequest:
 def judge_snapshots(batch: Any, slots: list, pending: dict[int, tuple[list[str], str]]) -> dict[int, str]:
     """Lay out the interleaved snapshots of ``pending`` rows with their sampled verdicts;
     returns row -> the expand action for the env (rows that ran out of context are ended)."""
-    from training.rollout import _end  # an error completion ends its episode, as in a turn
-
     words: dict[int, list[str]] = {k: [] for k in pending}
     longest = max(len(chunks) for chunks, _ in pending.values())
     for step in range(longest):
@@ -61,7 +58,7 @@ def judge_snapshots(batch: Any, slots: list, pending: dict[int, tuple[list[str],
         for k, result in zip(rows, results):
             completion, slot = result.completions[0], slots[k]
             if completion.finish_reason == "error":
-                _end(batch.venv, slot, k, reason="error")
+                end_episode(batch.venv, slot, k, reason="error")
                 slot.info["error"] = completion.error
                 continue
             slot.append(completion.token_ids, 1, [float(x) for x in completion.logprobs],

@@ -30,6 +30,7 @@ from envs.config import EnvConfig
 from envs.metrics import normalize_answer
 from envs.protocol import format_answer, format_expand, format_search
 from envs.types import QAExample
+from envs.vector_env import SearchVectorEnv
 from training.trajectories import make_record, seeds_r1_prompt
 
 TEACHER_EXPAND_MODES = ("random", "positives")  # "positives" is gold-guided
@@ -216,8 +217,6 @@ def collect_scripted(examples: Sequence[QAExample], retriever: Any, env_config: 
     in a longer question list collected in chunks (the env seeds then match one whole pass);
     each teacher's choices are seeded by ``seed`` and its question id.
     """
-    from envs.vector_env import SearchVectorEnv
-
     env_config = env_config or EnvConfig()
     settings = settings or ScriptedTeacherConfig()
     venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples) or 1)), config=env_config,

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from envs.retrieval.defaults import open_run_retriever
 from envs.types import QAExample
+from inference.backends import load_backend
 from training.scripted_teacher import collect_scripted
 from training.sft_config import WarmStartConfig
 from training.trajectories import collect_with_method
@@ -21,16 +23,11 @@ log = logging.getLogger("training.sft")
 
 
 def load_retriever(config: WarmStartConfig) -> Any:
-    from envs.retrieval.defaults import open_retriever
-
-    if config.retriever:
-        return open_retriever(config.retriever)
-    return open_retriever(config.index, corpus=config.corpus)
+    """The retrieval server ``config.retriever`` when set, else ``config.index`` over ``config.corpus``."""
+    return open_run_retriever(config.retriever, config.index, config.corpus)
 
 
 def load_teacher_llm(config: WarmStartConfig) -> Any:
-    from inference.backends import load_backend
-
     return load_backend(config.teacher_llm, **config.teacher_llm_options)
 
 

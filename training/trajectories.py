@@ -22,10 +22,24 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import methods.base
 from envs.config import EnvConfig
+from envs.data import example_from_record
 from envs.metrics import answer_bearing
-from envs.protocol import AnswerAction, ExpandAction, SearchAction, parse_action
+from envs.protocol import (
+    JUDGE_WORDS,
+    AnswerAction,
+    ExpandAction,
+    SearchAction,
+    judge_chunks,
+    parse_action,
+    snapshot_candidates,
+)
+from envs.search_env import SearchEnv
 from envs.types import QAExample
+from inference.backends import load_backend
+from methods.runner import run_questions_sync
+from methods.seeds import SeedsR1
 
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
@@ -59,19 +73,13 @@ def trajectory_text(segments: Sequence[dict]) -> str:
 
 
 def example_of(record: dict) -> QAExample:
-    from envs.data import example_from_record
-
     return example_from_record(record["example"], record["id"])
 
 
 def seeds_r1_prompt_fn(env_config: EnvConfig | None = None) -> Callable[[str], str]:
     """The SEEDS-R1 prompt stating ``env_config``'s limits and expand form, exactly as the PPO
-    trainer prompts the policy in that env (``training.ppo.prompt_fn_for``)."""
-    from methods.seeds import SeedsR1
-
-    config = env_config or EnvConfig()
-    return SeedsR1(k=config.top_k, max_expand=config.max_expand, max_searches=config.max_searches,
-                   max_actions=config.max_actions, expand_form=config.expand_form).prompt
+    trainer prompts the policy in that env (``training.inputs.prompt_fn_for``)."""
+    return SeedsR1.for_env(env_config or EnvConfig()).prompt
 
 
 def seeds_r1_prompt(question: str, env_config: EnvConfig | None = None) -> str:
@@ -128,8 +136,6 @@ def play_actions(example: QAExample, model_texts: Sequence[str], retriever: Any,
     """The trajectory record of fixed model turns played in a fresh :class:`SearchEnv` (stops when
     the env ends the episode; turns left over are ignored). For hand-written demonstrations and tests.
     ``tokenizer``: the policy's, so observation caps count its tokens (None: words)."""
-    from envs.search_env import SearchEnv
-
     env_config = env_config or EnvConfig()
     env = SearchEnv(retriever, None, env_config, tokenizer=tokenizer)
     env.reset(seed=seed, options={"example": example})
@@ -154,8 +160,6 @@ def method_teacher(name: str, options: dict | None = None):
     if name not in PROTOCOL_METHODS:
         raise ValueError(f"method {name!r} cannot teach SEEDS-R1: its env actions are not the SEEDS-R1 protocol "
                          f"(search -> snapshot -> expand -> answer); use one of {PROTOCOL_METHODS}")
-    import methods.base
-
     limits = {"k": 5, "max_expand": 5, "max_searches": 4, "max_actions": 10}
     return methods.base.get(name, **{**limits, **(options or {})})
 
@@ -206,12 +210,8 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
     ``tokenizer``: the POLICY's tokenizer; the env counts observation caps in its tokens (not the
     teacher's), so the observations are the ones the policy will see.
     """
-    from methods.runner import run_questions_sync
-
     teacher = method_teacher(method, method_options)
     if isinstance(llm, str):
-        from inference.backends import load_backend
-
         llm = load_backend(llm)
     base = env_config or EnvConfig()
     results = run_questions_sync(teacher, examples, llm, retriever, base, concurrency=concurrency, seed=seed,
@@ -266,8 +266,6 @@ def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list",
 
 def _judged_verdicts(observation: str, following: dict | None) -> list[str] | None:
     """The verdict words of a snapshot whose next segment is a complete judgement expand, else None."""
-    from envs.protocol import JUDGE_WORDS, ExpandAction, parse_action, snapshot_candidates
-
     n = len(snapshot_candidates(observation))
     if not n or following is None or following["role"] != "model":
         return None
@@ -281,8 +279,6 @@ def _interleaved(observation: str, verdicts: list[str], tokenizer: Any,
                  train_verdicts: bool = True) -> tuple[list[int], list[int]]:
     """Token ids and loss mask of a snapshot rendered with its verdicts (verdict tokens trained
     unless ``train_verdicts`` is False: then the teacher's choices are shown, not imitated)."""
-    from envs.protocol import judge_chunks
-
     chunks, closing = judge_chunks(observation)
     ids: list[int] = []
     mask: list[int] = []

@@ -16,6 +16,7 @@ from envs.retrieval.corpus import load_corpus
 from envs.retrieval.default_corpus import default_corpus_path
 from envs.retrieval.encoders import canonical_encoder_name, load_encoder
 from envs.retrieval.index import DenseIndex, build_index
+from envs.retrieval.remote import RemoteRetriever
 from envs.paths import cache_dir
 from envs.retrieval.retriever import Retriever
 
@@ -62,8 +63,6 @@ def open_retriever(spec: str | None, corpus=None, device: str = "auto"):
         if corpus is not None:
             raise ValueError(f"a corpus ({corpus}) cannot be given with a retrieval server ({spec}): "
                              "the server serves its own")
-        from envs.retrieval.remote import RemoteRetriever
-
         return RemoteRetriever(str(spec))
     return Retriever.from_dir(spec, corpus=corpus, device=device)
 

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from envs.retrieval.corpus import load_corpus
 from envs.retrieval.encoders import Encoder, load_encoder
 from envs.retrieval.index import DenseIndex, IndexMismatchError, read_meta
 from envs.types import Hit
@@ -81,8 +82,6 @@ class Retriever:
         be the corpus the index was built from. ``device`` is the index device (``"auto"``,
         ``"cpu"``, ``"cuda"``); the encoder follows it unless ``encoder_kwargs`` says otherwise.
         """
-        from envs.retrieval.corpus import load_corpus
-
         meta = read_meta(index_dir)
         if corpus is None:
             corpus = meta["corpus_path"]

@@ -33,6 +33,7 @@ from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from envs.retrieval.defaults import open_retriever
 from envs.types import Hit
 from envs.retrieval.microbatch import MicroBatcher  # noqa: E402,F401  (re-exported)
 from envs.retrieval.server_requests import (  # noqa: E402,F401  (re-exported)
@@ -324,8 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: binding {args.host}: anyone who can reach port {args.port} can query this index "
               "(there is no authentication); use --host 127.0.0.1 unless the network is trusted",
               file=sys.stderr)
-    from envs.retrieval.defaults import open_retriever
-
     if str(args.index).startswith(("http://", "https://")):
         raise SystemExit("error: --index must be an index folder or 'default', not a URL")
     retriever = open_retriever(args.index, corpus=args.corpus, device=args.device)

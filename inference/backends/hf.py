@@ -56,7 +56,8 @@ import torch
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import prompt_token_ids
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
-from inference.backends.hf_cache import growing_cache_supported, merge_left_padded, new_growing_cache
+from inference.backends.hf_cache import growing_cache_supported, merge_left_padded, new_growing_cache, prefill_groups
+from inference.backends.hf_session import HFSession
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
 
 LOGPROBS_MODES = ("raw", "processed")
@@ -97,19 +98,6 @@ class _Row:
                           self.stop_string)
 
 
-def prefill_groups(lengths: list[int], slack: float = 0.1, min_slack: int = 16) -> list[tuple[int, int]]:
-    """Split prompt lengths sorted longest first into ``(start, end)`` runs whose prompts are each
-    within ``max(slack * longest, min_slack)`` tokens of the run's longest, so that left padding
-    them together wastes little compute."""
-    groups, start = [], 0
-    for i, length in enumerate(lengths):
-        if lengths[start] - length > max(slack * lengths[start], min_slack):
-            groups.append((start, i))
-            start = i
-    groups.append((start, len(lengths)))
-    return groups
-
-
 class HFBackend(LLMBackend):
     """A local ``transformers`` causal LM behind the :class:`LLMBackend` interface.
 
@@ -122,6 +110,7 @@ class HFBackend(LLMBackend):
     """
 
     name = "hf"
+    supports_kv_sessions = True  # session(): multi-turn generation that keeps each row's KV cache
 
     def __init__(self, model: Any = DEFAULT_MODEL, tokenizer: Any = None, device: str = "auto", dtype: Any = "auto",
                  max_batch_size: int = 16, trust_remote_code: bool = False, logprobs_mode: str = "raw",
@@ -164,8 +153,6 @@ class HFBackend(LLMBackend):
     def session(self) -> Any:
         """A :class:`~inference.backends.hf_session.HFSession`: multi-turn generation that keeps each
         row's KV cache between calls (token-id prompts that extend the previous call's)."""
-        from inference.backends.hf_session import HFSession
-
         return HFSession(self)
 
     # ----------------------------------------------------------------------------- internals

@@ -107,3 +107,16 @@ def merge_left_padded(caches: list, capacity: int, reserve: int = 64):
         layer._expose(length)
         merged.layers.append(layer)
     return merged
+
+
+def prefill_groups(lengths: list[int], slack: float = 0.1, min_slack: int = 16) -> list[tuple[int, int]]:
+    """Split prompt lengths sorted longest first into ``(start, end)`` runs whose prompts are each
+    within ``max(slack * longest, min_slack)`` tokens of the run's longest, so that left padding
+    them together wastes little compute."""
+    groups, start = [], 0
+    for i, length in enumerate(lengths):
+        if lengths[start] - length > max(slack * lengths[start], min_slack):
+            groups.append((start, i))
+            start = i
+    groups.append((start, len(lengths)))
+    return groups

@@ -22,7 +22,7 @@ Sampling, seeds, stop strings, token accounting and log-probs are the backend's 
 Cache layout: no holes, ever. Between calls each row's cache is *parked*: a compact copy
 ``[kv_heads, L, head_dim]`` per layer of its ``L`` cached tokens. A call sorts rows longest
 first into batches of ``max_batch_size``; inside a batch, rows with similar numbers ``n`` of new
-tokens form prefill groups (:func:`~inference.backends.hf.prefill_groups`). In a group whose
+tokens form prefill groups (:func:`~inference.backends.hf_cache.prefill_groups`). In a group whose
 largest count is ``M``, each row re-runs its last ``M - n`` cached tokens along with its ``n``
 new ones (the compute that padding would cost), so every row is ``[left padding][tokens]``,
 contiguous; groups are merged left-padded and decoded one token per live row per step, as the
@@ -44,7 +44,13 @@ from typing import Any
 import torch
 
 from methods.llm import GenerationRequest, GenerationResult
-from inference.backends.hf_cache import GrowingLayer, growing_cache_supported, merge_left_padded, new_growing_cache
+from inference.backends.hf_cache import (
+    GrowingLayer,
+    growing_cache_supported,
+    merge_left_padded,
+    new_growing_cache,
+    prefill_groups,
+)
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
@@ -61,9 +67,7 @@ class _Parked:
 def session_supported(backend: Any) -> bool:
     """Whether ``backend`` can keep KV caches across calls: an HF backend, the growing cache, and
     attention layers only (no linear-attention or state-space layers, which cannot be re-aligned)."""
-    from inference.backends.hf import HFBackend
-
-    if not isinstance(backend, HFBackend) or not growing_cache_supported():
+    if not getattr(backend, "supports_kv_sessions", False) or not growing_cache_supported():
         return False
     layer_types = getattr(backend.model.config.get_text_config(), "layer_types", None)
     return layer_types is None or set(layer_types) <= ATTENTION_LAYER_TYPES
@@ -180,8 +184,6 @@ class HFSession:
         ``[b, V]``, the attention mask ``[b, width]`` and the merged cache (rows right-aligned,
         left padding only).
         """
-        from inference.backends.hf import prefill_groups
-
         counts = [len(c) - self._reusable(p, c) for c, p in zip(contexts, parked)]
         order = sorted(range(len(contexts)), key=lambda i: -counts[i])
         contexts, parked, counts = [contexts[i] for i in order], [parked[i] for i in order], [counts[i] for i in order]

@@ -219,8 +219,8 @@ class VLLMBackend(LLMBackend):
 
     def sync_weights(self, model: Any) -> None:
         """Push a training model's current weights (a transformers model, or a peft model whose
-        LoRA adapters are merged into a copy of the weights, see :func:`_hf_state_items`) into the engine."""
-        self.load_weights(_hf_state_items(model))
+        LoRA adapters are merged into a copy of the weights, see :func:`hf_state_items`) into the engine."""
+        self.load_weights(hf_state_items(model))
 
     def reset_prefix_cache(self) -> None:
         """Forget cached KV blocks (they were computed with the previous weights)."""
@@ -263,7 +263,7 @@ class WeightSyncExtension:
             self.model_runner.model.load_weights(weights)
 
 
-def _hf_state_items(model: Any) -> Iterable[tuple[str, Any]]:
+def hf_state_items(model: Any) -> Iterable[tuple[str, Any]]:
     """``(name, tensor)`` in checkpoint naming for a transformers model or a peft-wrapped one.
 
     Plain LoRA layers are merged out of place (``base + get_delta_weight``), so the model itself is

@@ -1,0 +1,101 @@
+"""What a PPO run shows and writes: greedy evaluations with the before/after comparison, the
+per-update log line, ``metrics.jsonl``, ``samples.jsonl`` and the W&B sample table."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from envs.atomic import write_json_atomic
+from envs.vector_env import SearchVectorEnv
+from training.config import PPOConfig
+from training.distributed import reduce_mean
+from training.policy_eval import compare_runs, gather_outcomes, question_outcomes
+from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
+
+# Metrics averaged over processes (rollout_stats keys plus the trainer's).
+ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "selection_precision", "open_rate_positive",
+                "open_rate_negative", "docs_read_per_question", "searches_per_question", "actions_per_question",
+                "invalid_per_question", "model_tokens_mean", "episode_tokens_mean", "finish/answer",
+                "finish/action_limit", "finish/context_limit", "finish/error")
+SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
+
+
+def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn,
+                    tokenizer=None) -> tuple[dict, dict]:
+    """Greedy episodes on held-out questions (each process its shard) -> (rollout_stats averaged
+    over processes, per-question outcomes of ALL questions in order, for the paired bootstrap)."""
+    indices = list(range(accelerator.process_index, len(examples), accelerator.num_processes))
+    shard = [examples[i] for i in indices]
+    stats = {k: 0.0 for k in ROLLOUT_KEYS}
+    episodes = []
+    if shard:
+        venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config,
+                               tokenizer=tokenizer)
+        rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
+                                temperature=0.0, samples_per_question=1, seed=cfg.seed,
+                                constrain_verdicts=cfg.constrain_verdicts)
+        episodes = collect_rollouts(backend, venv, shard, rollout, prompt_fn,
+                                    progress="eval" if accelerator.is_local_main_process else None)
+        found = rollout_stats(episodes)
+        stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
+    outcomes = gather_outcomes(accelerator, question_outcomes(episodes), indices, len(examples))
+    return reduce_mean(accelerator, stats), outcomes
+
+
+def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict, outcomes_start: dict,
+                        outcomes_end: dict, seed: int) -> dict:
+    """Print the greedy before/after metrics with paired bootstrap 95% intervals of the
+    differences, and write ``eval.json``; returns what was written."""
+    comparison = compare_runs(outcomes_start, outcomes_end, seed=seed)
+    n = len(outcomes_start["reward"])
+    accelerator.print(f"[ppo] greedy evaluation on {n} held-out questions, before -> after PPO "
+                      f"(after − before, paired bootstrap 95% interval):")
+    for name, row in comparison.items():
+        accelerator.print(f"[ppo]   {name:9s} {row['before']:.3f} -> {row['after']:.3f}  "
+                          f"diff {row['diff']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]")
+    accelerator.print(f"[ppo]   documents read per question {eval_start['docs_read_per_question']:.2f} -> "
+                      f"{eval_end['docs_read_per_question']:.2f}")
+    report = {"before": eval_start, "after": eval_end, "questions": n, "comparison": comparison,
+              "per_question": {"before": {k: v.tolist() for k, v in outcomes_start.items()},
+                               "after": {k: v.tolist() for k, v in outcomes_end.items()}}}
+    if accelerator.is_main_process:
+        write_json_atomic(report, out / "eval.json")
+    return report
+
+
+def format_update_stats(stats: dict[str, float]) -> str:
+    """The short per-update log line: reward, EM, precision, KL, entropy, clipping, critic, speed."""
+    names = [("reward_mean", "R", ".3f"), ("em", "EM", ".2f"), ("selection_precision", "selP", ".2f"),
+             ("kl", "KL", ".4f"), ("entropy", "H", ".2f"), ("clip_frac", "clip", ".3f"),
+             ("value_loss", "VL", ".4f"), ("explained_variance", "EV", ".2f"),
+             ("sampler_logp_gap", "|dlogp|", ".4f"), ("tokens_per_s", "tok/s", ".0f")]
+    return " ".join(f"{short} {stats[key]:{spec}}" for key, short, spec in names if key in stats)
+
+
+def log_sample_table(accelerator, samples: list[dict], step: int) -> None:
+    """The update's sample trajectories as a W&B table (``samples``), next to the scalar metrics."""
+    import wandb  # optional extra: only with report_to: wandb
+
+    tracker = accelerator.get_tracker("wandb", unwrap=True)
+    table = wandb.Table(columns=list(SAMPLE_COLUMNS), data=[[s[c] for c in SAMPLE_COLUMNS] for s in samples])
+    tracker.log({"samples": table}, step=step)
+
+
+def write_update_logs(out: Path, stats: dict, episodes: list, tokenizer, cfg: PPOConfig, accelerator, write) -> None:
+    """Main process: append the update's metrics to ``metrics.jsonl`` and its first ``log_samples``
+    episodes to ``samples.jsonl`` (and W&B), and ``write`` a line about each."""
+    update = int(stats["update"])
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(stats) + "\n")
+    samples = []
+    with open(out / "samples.jsonl", "a", encoding="utf-8") as handle:
+        for e in episodes[:cfg.log_samples]:
+            completion = tokenizer.decode(e.token_ids[e.prompt_length:], skip_special_tokens=False)
+            sample = {"update": update, "question": e.example_id, "reward": e.reward,
+                      "finish": e.finish_reason, "text": completion}
+            samples.append(sample)
+            handle.write(json.dumps(sample) + "\n")
+            write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): {completion[-400:]!r}")
+    if cfg.report_to == "wandb" and samples:
+        log_sample_table(accelerator, samples, step=update)
