@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import warnings
 from pathlib import Path
 
 import yaml
@@ -16,8 +17,8 @@ DUPLICATE_QUERY_POLICIES = ("penalize", "allow")
 
 @dataclass(frozen=True)
 class EnvConfig:
-    admission: str = "preview"  # "preview": snapshot then expand; "prefix": full top-k at once
-    top_k: int = 5  # candidates per search (K)
+    admission: str = "preview"  # "preview": snapshot then expand; "prefix": all K candidates at once
+    candidates_per_search: int = 5  # K, the retriever's hits per search (YAML key `top_k` before: still read)
     max_searches: int = 4
     max_actions: int = 10
     max_obs_tokens: int = 1200
@@ -42,7 +43,7 @@ class EnvConfig:
             raise ValueError(f"duplicate_query must be one of {DUPLICATE_QUERY_POLICIES}")
         if not 0.0 <= self.distractor_rate <= 1.0:
             raise ValueError("distractor_rate must lie in [0, 1]")
-        for name in ("top_k", "max_searches", "max_actions", "max_obs_tokens"):
+        for name in ("candidates_per_search", "max_searches", "max_actions", "max_obs_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_expand < 0:
@@ -52,6 +53,10 @@ class EnvConfig:
     def from_dict(cls, values: dict) -> "EnvConfig":
         """Build from a plain (e.g. YAML) dict; nested ``preview`` and ``reward`` dicts allowed."""
         values = dict(values)
+        if "top_k" in values:  # the old name, easy to confuse with sampling top-k
+            warnings.warn("env config key `top_k` is now `candidates_per_search`; the old key goes in the next release",
+                          DeprecationWarning, stacklevel=2)
+            values["candidates_per_search"] = values.pop("top_k")
         if isinstance(values.get("preview"), dict):
             values["preview"] = PreviewConfig(**values["preview"])
         if isinstance(values.get("reward"), dict):

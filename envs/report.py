@@ -1,27 +1,70 @@
-"""Aggregate end-of-episode summaries (``info["episode"]``) into one table row."""
+"""One summary of many episodes, for every consumer: the env demo (``scripts/demo_episodes.py``),
+the training logs (:func:`training.rollout.rollout_stats`) and evaluation runs
+(:func:`inference.run_metrics.summarize`).
+
+Input: end-of-episode summaries as the env writes them (``info["episode"]``, also
+``Episode.info`` of a training rollout and the ``predictions.jsonl`` records of an evaluation),
+of which it reads ``metrics``, ``reward`` (the env's ``{"total": …}`` or a number), ``answer``
+or ``prediction``, ``n_searches``, ``n_actions``, ``n_invalid``, ``docs_read``, ``doc_tokens``,
+``docs_shown``, ``positives_shown``, ``positives_opened``, ``negatives_opened`` and
+``positives_missed``; a key an episode lacks (one that ended in an error) counts 0.
+
+Formulas: every episode counts in every denominator (an episode that never answered scores 0).
+Per-question figures are means over episodes (``*_per_question``, answer metrics,
+``reward_mean``, ``answered``). Selection figures are POOLED over the episodes, so an episode
+that opened many documents weighs more than one that opened one:
+
+- ``selection_precision`` = Σ positives opened / Σ documents opened;
+- ``open_rate_positive`` = Σ positives opened / Σ positives shown;
+- ``open_rate_negative`` = Σ negatives opened / Σ negatives shown;
+
+each 0 when its denominator is 0 (opening nothing selects nothing right).
+"""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+
+ANSWER_METRICS = ("em", "f1", "f1_hotpot", "cover_em", "acc")
+# summary key -> reported name (a mean over episodes)
+PER_QUESTION = {"n_searches": "searches_per_question", "n_actions": "actions_per_question",
+                "n_invalid": "invalid_per_question", "docs_read": "docs_read_per_question",
+                "doc_tokens": "doc_tokens_per_question", "positives_opened": "positives_opened_per_question",
+                "negatives_opened": "negatives_opened_per_question",
+                "positives_missed": "positives_missed_per_question"}
 
 
-def aggregate_episodes(summaries: list[dict]) -> dict[str, float]:
-    """Means over episodes: answer metrics, reward, evidence consumption and selection quality.
+def episode_reward(summary: Mapping) -> float:
+    """The episode's total reward: the env's ``{"total": …}`` or an evaluation record's number."""
+    reward = summary.get("reward", 0.0)
+    return float(reward.get("total", 0.0) if isinstance(reward, Mapping) else reward)
 
-    Every episode counts in every denominator, including ones that ended without an answer.
-    """
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
+def summarize_episodes(summaries: Sequence[Mapping]) -> dict[str, float]:
+    """The metrics of many episodes under one set of names (module docstring: the formulas)."""
     n = len(summaries)
     if n == 0:
         return {"episodes": 0}
+
+    def total(key: str) -> float:
+        return float(sum(s.get(key, 0) or 0 for s in summaries))
+
     out: dict[str, float] = {"episodes": n}
-    for metric in summaries[0]["metrics"]:
-        out[metric] = sum(s["metrics"][metric] for s in summaries) / n
-    for key in ("n_searches", "n_actions", "n_invalid", "docs_read", "doc_tokens", "positives_opened",
-                "negatives_opened", "positives_missed", "selection_precision"):
-        out[key] = sum(s[key] for s in summaries) / n
-    out["reward"] = sum(s["reward"]["total"] for s in summaries) / n
-    out["answered"] = sum(s["answer"] is not None for s in summaries) / n
-    shown = sum(s["positives_shown"] for s in summaries)
-    negatives = sum(s["docs_shown"] - s["positives_shown"] for s in summaries)
-    out["positive_open_rate"] = sum(s["positives_opened"] for s in summaries) / shown if shown else math.nan
-    out["negative_open_rate"] = sum(s["negatives_opened"] for s in summaries) / negatives if negatives else math.nan
+    present = [m for m in ANSWER_METRICS if any(m in s.get("metrics", {}) for s in summaries)]
+    for metric in dict.fromkeys(("em", "f1", *present)):
+        out[metric] = sum(float(s.get("metrics", {}).get(metric, 0.0)) for s in summaries) / n
+    rewards = [episode_reward(s) for s in summaries]
+    out["reward_mean"] = sum(rewards) / n
+    out["reward_std"] = math.sqrt(sum((r - out["reward_mean"]) ** 2 for r in rewards) / n)
+    out["answered"] = sum((s.get("answer", s.get("prediction")) is not None) for s in summaries) / n
+    for key, name in PER_QUESTION.items():
+        out[name] = total(key) / n
+    positives_shown = total("positives_shown")
+    out["selection_precision"] = _ratio(total("positives_opened"), total("docs_read"))
+    out["open_rate_positive"] = _ratio(total("positives_opened"), positives_shown)
+    out["open_rate_negative"] = _ratio(total("negatives_opened"), max(total("docs_shown") - positives_shown, 0.0))
     return out

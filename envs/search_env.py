@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.config import EnvConfig
-from envs.episode import Episode, SearchRecord
+from envs.episode import EpisodeState, SearchRecord
 from envs.metrics import normalize_answer
 from envs.previews import make_preview
 from envs.protocol import (
@@ -87,7 +87,7 @@ class SearchEnv(gym.Env):
         self._body_budget = max(1, self.config.max_obs_tokens - overhead)
         self.observation_space = UnicodeText(max_length=MAX_OBSERVATION_CHARS, min_length=0)
         self.action_space = UnicodeText(max_length=MAX_ACTION_CHARS, min_length=0)
-        self.episode: Episode | None = None
+        self.episode: EpisodeState | None = None
         self._order: np.ndarray | None = None
         self._cursor = 0
 
@@ -100,14 +100,14 @@ class SearchEnv(gym.Env):
             example = self._next_example(reseeded=seed is not None)
         if not isinstance(example, QAExample):
             raise TypeError(f"options['example'] must be a QAExample, not {type(example).__name__}")
-        self.episode = Episode(example)
+        self.episode = EpisodeState(example)
         return example.question, {"example_id": example.id, "question": example.question}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         pending = self.prepare(action)
         hits = None
         if pending.query is not None:
-            hits = self.retriever.search([pending.query], self.config.top_k)[0]
+            hits = self.retriever.search([pending.query], self.config.candidates_per_search)[0]
         return self.complete(pending, hits)
 
     # -- the two halves of a step --------------------------------------------------------------
@@ -158,7 +158,7 @@ class SearchEnv(gym.Env):
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _violation(self, action: Action, episode: Episode) -> str | None:
+    def _violation(self, action: Action, episode: EpisodeState) -> str | None:
         """Why ``action`` is not allowed now, or None."""
         cfg = self.config
         if isinstance(action, InvalidAction):
@@ -193,7 +193,7 @@ class SearchEnv(gym.Env):
             return "expand the latest snapshot first (candidate numbers or none)"
         return None
 
-    def _search(self, episode: Episode, query: str, hits: list[Hit]) -> str:
+    def _search(self, episode: EpisodeState, query: str, hits: list[Hit]) -> str:
         cfg = self.config
         hits, distractor = self._inject_distractors(hits)
         hits, distractor = self._shuffle(hits, distractor)
@@ -209,7 +209,7 @@ class SearchEnv(gym.Env):
             body = f"{SNAPSHOT_QUESTION}{' '.join(episode.example.question.split())}\n{body}"
         return format_snapshot(body)
 
-    def _expand(self, episode: Episode, ids: tuple[int, ...]) -> str:
+    def _expand(self, episode: EpisodeState, ids: tuple[int, ...]) -> str:
         record = episode.latest
         episode.awaiting_expand = False
         if not ids:
@@ -274,7 +274,7 @@ class SearchEnv(gym.Env):
         self._cursor += 1
         return example
 
-    def _require_episode(self) -> Episode:
+    def _require_episode(self) -> EpisodeState:
         if self.episode is None or self.episode.done:
             raise RuntimeError("the episode is over (or never started): call reset() first")
         return self.episode
@@ -283,7 +283,7 @@ class SearchEnv(gym.Env):
         """The current episode's evaluation record (also given in ``info['episode']`` at the end)."""
         return self._require_episode_any().summary(self.config.reward)
 
-    def _require_episode_any(self) -> Episode:
+    def _require_episode_any(self) -> EpisodeState:
         if self.episode is None:
             raise RuntimeError("no episode: call reset() first")
         return self.episode

@@ -65,7 +65,7 @@ class SearchVectorEnv:
         queries = [(i, p.query) for i, p in enumerate(pending) if p is not None and p.query is not None]
         hits: dict[int, list] = {}
         if queries:
-            results = self.retriever.search([q for _, q in queries], self.config.top_k)
+            results = self.retriever.search([q for _, q in queries], self.config.candidates_per_search)
             self.retrieval_calls += 1
             hits = {i: r for (i, _), r in zip(queries, results)}
         observations, infos = [], []

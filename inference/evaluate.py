@@ -30,7 +30,7 @@ from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
 from inference.backends import load_backend
 from inference.predictions import PredictionWriter, load_predictions
-from inference.run_metrics import format_table, summarize
+from inference.run_metrics import format_table, summarize, with_current_names
 from methods.runner import run_questions_sync
 
 DEFAULT_LLM = "hf:gemma3-270m"
@@ -227,7 +227,7 @@ def compare(runs: list[str]) -> str:
     for run in runs:
         path = Path(run) / "metrics.json"
         if path.exists():
-            rows[Path(run).name] = json.loads(path.read_text())
+            rows[Path(run).name] = with_current_names(json.loads(path.read_text()))
         elif (Path(run) / "predictions.jsonl").exists():  # an unfinished run: summarise what is there
             rows[Path(run).name] = summarize(load_predictions(Path(run) / "predictions.jsonl", repair=False))
         else:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-ANSWER_METRICS = ("em", "f1", "f1_hotpot", "cover_em", "acc")
+from envs.report import summarize_episodes
+
 
 # (key in metrics.json, column title, format) for the printed summary and --compare
 SUMMARY_COLUMNS = (
@@ -17,7 +18,7 @@ SUMMARY_COLUMNS = (
     ("cover_em", "Cover-EM", "{:.3f}"),
     ("acc", "Acc", "{:.3f}"),
     ("searches_per_question", "Searches/q", "{:.2f}"),
-    ("docs_per_question", "Docs/q", "{:.2f}"),
+    ("docs_read_per_question", "Docs/q", "{:.2f}"),
     ("doc_tokens_per_question", "DocTok/q", "{:.0f}"),
     ("answer_bearing_hit_rate", "AB-hit", "{:.3f}"),
     ("beyond_prefix_fraction", "Beyond-prefix", "{:.3f}"),
@@ -58,30 +59,32 @@ def admission_stats(records: list[dict]) -> dict[str, float]:
 
 
 def summarize(records: list[dict]) -> dict:
-    """The ``metrics.json`` of a run."""
-    n = len(records)
-    out: dict = {"questions": n}
-    if n == 0:
+    """The ``metrics.json`` of a run: :func:`envs.report.summarize_episodes` of its records (the
+    names and pooled formulas every consumer uses) plus the LLM's cost, latency, the SEEDS
+    admission analyses and the finish reasons."""
+    out: dict = {"questions": len(records)}
+    if not records:
         return out
-    for metric in ANSWER_METRICS:
-        out[metric] = _mean([r["metrics"][metric] for r in records])
-    out["searches_per_question"] = _mean([r["n_searches"] for r in records])
-    out["docs_per_question"] = _mean([r["docs_read"] for r in records])
-    out["doc_tokens_per_question"] = _mean([r["doc_tokens"] for r in records])
-    out["invalid_actions_per_question"] = _mean([r["n_invalid"] for r in records])
+    out.update(summarize_episodes(records))
+    del out["episodes"]  # = questions
     out["llm_calls_per_question"] = _mean([r["llm_calls"] for r in records])
     out["llm_tokens_in_per_question"] = _mean([r["llm_prompt_tokens"] for r in records])
     out["llm_tokens_out_per_question"] = _mean([r["llm_completion_tokens"] for r in records])
     out["mean_latency_s"] = _mean([r["latency_s"] for r in records])
-    out["answered"] = _mean([r["prediction"] is not None for r in records])
-    out["reward"] = _mean([r["reward"] for r in records])
-    shown = sum(r["positives_shown"] for r in records)
-    opened = sum(r["docs_read"] for r in records)
-    out["positive_open_rate"] = sum(r["positives_opened"] for r in records) / shown if shown else math.nan
-    out["selection_precision"] = sum(r["positives_opened"] for r in records) / opened if opened else math.nan
     out.update(admission_stats(records))
     out["finish_reasons"] = dict(Counter(r["finish_reason"] for r in records).most_common())
     return out
+
+
+# metrics.json of runs written before the names were unified -> today's names
+LEGACY_NAMES = {"docs_per_question": "docs_read_per_question", "invalid_actions_per_question": "invalid_per_question",
+                "reward": "reward_mean", "positive_open_rate": "open_rate_positive",
+                "negative_open_rate": "open_rate_negative"}
+
+
+def with_current_names(metrics: dict) -> dict:
+    """A ``metrics.json`` read from disk, its older metric names renamed to today's."""
+    return {LEGACY_NAMES.get(key, key): value for key, value in metrics.items()}
 
 
 def _cell(value, fmt: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Awaitable, Callable
 
-from envs.episode import Episode
+from envs.episode import EpisodeState
 from envs.protocol import CLOSING_TAGS
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import clean_answer
@@ -32,7 +32,7 @@ FORCED_ANSWER_STOP = "</answer>"
 FORCED_ANSWER_MAX_TOKENS = 32
 
 
-def must_force_answer(episode: Episode, max_actions: int) -> bool:
+def must_force_answer(episode: EpisodeState, max_actions: int) -> bool:
     """Whether the next action must be a forced answer: one action left (two while an expand is due)."""
     return episode.n_actions >= max_actions - (2 if episode.awaiting_expand else 1)
 

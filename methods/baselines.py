@@ -48,7 +48,7 @@ class VanillaRAG(Method):
     k: int = 5
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", top_k=self.k)
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k)
 
     async def run(self, ctx: QuestionContext) -> None:
         outcome = await ctx.search(ctx.question)
@@ -68,7 +68,7 @@ class ReActFixedK(Method):
     example: bool = True  # show one worked example of the format first
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", top_k=self.k, max_searches=self.max_searches,
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_searches,
                                    max_actions=self.max_actions)
 
     async def run(self, ctx: QuestionContext) -> None:
@@ -90,7 +90,7 @@ class ReActDynamicK(Method):
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         # Preview mode gives "retrieve now, open later"; the model never sees the previews.
-        return dataclasses.replace(base, admission="preview", top_k=self.k, max_expand=self.k,
+        return dataclasses.replace(base, admission="preview", candidates_per_search=self.k, max_expand=self.k,
                                    max_searches=self.max_searches, max_actions=self.max_actions)
 
     @staticmethod
@@ -142,7 +142,7 @@ class SearchO1(Method):
     reader_max_tokens: int = 256
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", top_k=self.k, max_searches=self.max_searches,
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_searches,
                                    max_actions=self.max_actions, duplicate_query="allow")
 
     async def run(self, ctx: QuestionContext) -> None:
@@ -169,7 +169,7 @@ class SearchR1(Method):
     max_tokens: int = 512
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", top_k=self.k, max_searches=self.max_searches,
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_searches,
                                    max_actions=self.max_actions)
 
     async def run(self, ctx: QuestionContext) -> None:
@@ -190,7 +190,7 @@ class IRCoT(Method):
     max_tokens: int = 64
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", top_k=self.k, max_searches=self.max_iterations + 1,
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_iterations + 1,
                                    max_actions=self.max_iterations + 3, duplicate_query="allow")
 
     async def run(self, ctx: QuestionContext) -> None:
@@ -233,7 +233,7 @@ class IterRetGen(Method):
     max_tokens: int = 128
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", top_k=self.k, max_searches=self.iterations,
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.iterations,
                                    max_actions=self.iterations + 1, duplicate_query="allow")
 
     async def run(self, ctx: QuestionContext) -> None:

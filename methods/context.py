@@ -141,8 +141,8 @@ class QuestionContext:
         """
         if not queries:
             return []
-        results = await self._steps.retrieve(list(queries), self.env.config.top_k)
-        self.trace.append({"type": "retrieve", "queries": list(queries), "k": self.env.config.top_k})
+        results = await self._steps.retrieve(list(queries), self.env.config.candidates_per_search)
+        self.trace.append({"type": "retrieve", "queries": list(queries), "k": self.env.config.candidates_per_search})
         return results
 
     @contextmanager

@@ -80,7 +80,7 @@ class EnvStepBatcher:
         by_k: dict[int, list[tuple[str, object]]] = defaultdict(list)  # k -> [(query, step index | lookup)]
         for i, ((env, _, _, given), pending) in enumerate(zip(batch, prepared)):
             if pending is not None and pending.query is not None and given is None:
-                by_k[env.config.top_k].append((pending.query, i))
+                by_k[env.config.candidates_per_search].append((pending.query, i))
         for lookup in lookups:
             queries, k, _ = lookup
             by_k[k].extend((q, (lookup, j)) for j, q in enumerate(queries))

@@ -29,7 +29,7 @@ def admission_env(base: EnvConfig, admission: str, k: int, max_searches: int) ->
     """
     require_choice("admission", admission, ADMISSIONS)
     per_search = 2 if admission == "preview" else 1
-    return dataclasses.replace(base, admission=admission, top_k=k, max_expand=k, require_expand=True,
+    return dataclasses.replace(base, admission=admission, candidates_per_search=k, max_expand=k, require_expand=True,
                                max_searches=max_searches, max_actions=per_search * max_searches + 1,
                                duplicate_query="allow")
 

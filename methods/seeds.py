@@ -25,7 +25,7 @@ from methods.transcript import ChatTranscript, TokenTranscript
 
 
 def _preview_env(base: EnvConfig, k: int, max_expand: int, max_searches: int, max_actions: int) -> EnvConfig:
-    return dataclasses.replace(base, admission="preview", top_k=k, max_expand=max_expand,
+    return dataclasses.replace(base, admission="preview", candidates_per_search=k, max_expand=max_expand,
                                max_searches=max_searches, max_actions=max_actions, require_expand=True)
 
 
@@ -106,7 +106,7 @@ class SeedsR1(Method):
     @classmethod
     def for_env(cls, env: EnvConfig, **options) -> "SeedsR1":
         """SEEDS-R1 with the limits and the judgement form of the env it runs in (training, evaluation)."""
-        return cls(k=env.top_k, max_expand=env.max_expand, max_searches=env.max_searches,
+        return cls(k=env.candidates_per_search, max_expand=env.max_expand, max_searches=env.max_searches,
                    max_actions=env.max_actions, expand_form=env.expand_form, judge_question=env.judge_question,
                    **options)
 

@@ -18,7 +18,7 @@ from envs.config import EnvConfig
 from envs.data import load_qa
 from envs.default_questions import generate_default_questions
 from envs.retrieval.defaults import default_retriever
-from envs.report import aggregate_episodes
+from envs.report import summarize_episodes
 from envs.retrieval.retriever import Retriever
 from envs.vector_env import SearchVectorEnv
 from methods.scripted import run_scripted_episodes
@@ -57,13 +57,13 @@ def main(argv=None) -> int:
     retriever = Retriever.from_dir(args.index) if args.index else default_retriever()
     examples = load_qa(args.data, limit=args.n) if args.data else generate_default_questions(args.n, seed=args.seed)
     config = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
-    overrides = {"admission": args.admission, "top_k": args.top_k, "distractor_rate": args.distractor_rate}
+    overrides = {"admission": args.admission, "candidates_per_search": args.top_k, "distractor_rate": args.distractor_rate}
     config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
     venv = SearchVectorEnv(retriever, num_envs=min(args.batch, len(examples)), config=config)
     summaries = run_scripted_episodes(venv, examples, n_expand=args.n_expand, seed=args.seed)
     for summary in summaries[: args.show]:
         print_episode(summary)
-    metrics = aggregate_episodes(summaries)
+    metrics = summarize_episodes(summaries)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl_atomic(summaries, out / "episodes.jsonl")

@@ -58,6 +58,6 @@ def test_demo_cli_writes_episodes_and_metrics(index_dir, tmp_path, capsys, monke
     lines = (out / "episodes.jsonl").read_text().splitlines()
     assert [json.loads(line)["example_id"] for line in lines] == ["x", "y"]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["episodes"] == 2 and metrics["docs_read"] == 2.0 and metrics["em"] == 1.0
+    assert metrics["episodes"] == 2 and metrics["docs_read_per_question"] == 2.0 and metrics["em"] == 1.0
     printed = capsys.readouterr().out
     assert "policy> <search>capital of Japan Tokyo</search>" in printed and "admission=prefix" in printed

@@ -51,7 +51,7 @@ def test_run_writes_predictions_metrics_and_config(setup, capsys):
     assert first["searches"][0]["expanded_ranks"] == [1, 2]
     metrics = json.loads((setup["out"] / "metrics.json").read_text())
     assert metrics["questions"] == 3 and metrics["em"] == pytest.approx(1 / 3)  # the fake always says Paris
-    assert metrics["docs_per_question"] == 2.0
+    assert metrics["docs_read_per_question"] == 2.0
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["method"] == "seeds-react" and config["env"]["admission"] == "preview"
     assert "Beyond-prefix" in capsys.readouterr().out
@@ -100,7 +100,7 @@ def test_config_file_and_method_options(setup, tmp_path):
                       f"llm: hf:fake\nout: {setup['out']}\n")
     ev.main(["--config", str(recipe)])
     config = json.loads((setup["out"] / "config.json").read_text())
-    assert config["method_options"]["k"] == 3 and config["env"]["top_k"] == 3
+    assert config["method_options"]["k"] == 3 and config["env"]["candidates_per_search"] == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("methd: react\n")
     with pytest.raises(SystemExit, match="methd"):

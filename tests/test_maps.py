@@ -261,7 +261,7 @@ def test_options_and_budget():
     with pytest.raises(ValueError, match="admission"):
         MAPS(admission="topk")
     config = MAPS().env_config(EnvConfig())
-    assert config.max_searches == 30 and config.top_k == 5 and config.admission == "prefix"
+    assert config.max_searches == 30 and config.candidates_per_search == 5 and config.admission == "prefix"
     assert MAPS(admission="preview", n_directions=2).env_config(EnvConfig()).max_searches == 20
 
 

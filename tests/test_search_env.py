@@ -145,7 +145,7 @@ def test_limits_searches_and_actions(retriever, examples):
 
 
 def test_prefix_mode_returns_full_passages(retriever, examples):
-    env = make_env(retriever, examples, admission="prefix", top_k=3)
+    env = make_env(retriever, examples, admission="prefix", candidates_per_search=3)
     env.reset(options={"example": examples[0]})
     obs, *_, info = env.step("<search>capital of France Paris</search>")
     assert obs.startswith("<information>") and obs.count("\n[") == 3 and obs.startswith("<information>\n[1]")
@@ -177,7 +177,7 @@ def test_preview_caps_in_snapshot(retriever, examples):
 
 
 def test_distractor_injection_rate_and_seeding(retriever, examples):
-    config = EnvConfig(distractor_rate=0.4, top_k=5, max_searches=50, max_actions=200, require_expand=False,
+    config = EnvConfig(distractor_rate=0.4, candidates_per_search=5, max_searches=50, max_actions=200, require_expand=False,
                        duplicate_query="allow")
     env = SearchEnv(retriever, examples, config)
     env.reset(seed=3, options={"example": examples[0]})
@@ -228,3 +228,11 @@ def test_registered_with_gymnasium_and_step_info(retriever, examples):
     assert info["search"]["query"] == "capital of France" and len(info["search"]["ids"]) == 5
     _, _, _, _, info = env.step("<expand>2</expand>")
     assert info["search"]["expanded"] == [2] and info["search"]["doc_tokens"] > 0
+
+
+def test_old_top_k_key_is_read_as_candidates_per_search(tmp_path):
+    recipe = tmp_path / "env.yaml"
+    recipe.write_text("admission: prefix\ntop_k: 3\n")
+    with pytest.warns(DeprecationWarning, match="candidates_per_search"):
+        config = EnvConfig.from_yaml(recipe)
+    assert config.candidates_per_search == 3 and not hasattr(config, "top_k")

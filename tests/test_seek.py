@@ -309,7 +309,7 @@ def test_options_are_validated():
     with pytest.raises(ValueError):
         Seek(max_rounds=0)
     config = Seek(admission="preview", k=3).env_config(EnvConfig())
-    assert (config.admission, config.top_k, config.max_searches, config.max_actions) == ("preview", 3, 10, 21)
+    assert (config.admission, config.candidates_per_search, config.max_searches, config.max_actions) == ("preview", 3, 10, 21)
     assert Seek(variant="parallel_filling", max_slots=5).env_config(EnvConfig()).max_searches == 5
 
 

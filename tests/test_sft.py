@@ -308,7 +308,7 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     assert not any("lora" in name for name, _ in merged.named_parameters())
     resolved = sft.WarmStartConfig.from_yaml(out / "config.yaml")
     assert resolved.teacher_expand == "random" and resolved.lora and resolved.epochs == 1
-    assert resolved.lora_r == 4 and resolved.env["max_searches"] == 2 and resolved.env["top_k"] == 5
+    assert resolved.lora_r == 4 and resolved.env["max_searches"] == 2 and resolved.env["candidates_per_search"] == 5
     stats = json.loads((out / "acceptance.json").read_text())
     assert stats["accepted"] == 4 and stats["train"] + stats["dev"] == 4
 

@@ -4,7 +4,7 @@
 
 ``load_config(PPOConfig, argv)``: dataclass defaults, then the YAML recipe given by ``--config``,
 then ``--key value`` (or ``--key=value``) overrides; nested fields with dots (``--lora.r 8``,
-``--env.top_k 3``). Values are parsed as YAML scalars (``8``, ``1e-6``, ``true``, ``null``).
+``--env.candidates_per_search 3``). Values are parsed as YAML scalars (``8``, ``1e-6``, ``true``, ``null``).
 A bare ``--flag`` sets a boolean field to true. Unknown keys raise ``ConfigError``. A recipe may
 start from another (``base: default.yaml``, relative to its folder) and state only what differs.
 """

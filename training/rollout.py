@@ -52,13 +52,13 @@ give if it truncated there.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.report import summarize_episodes
 from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
 from envs.rewards import RewardConfig
 from envs.types import QAExample
@@ -387,39 +387,15 @@ def _episode(slot: _Slot, tokenizer: Any, reward_config: RewardConfig) -> Episod
 # ------------------------------------------------------------------------------ statistics
 
 def rollout_stats(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Batch metrics for logging (means per episode unless said otherwise).
-
-    ``selection_precision``, ``open_rate_positive`` and ``open_rate_negative`` are pooled over the
-    batch (opened positives / opened docs; opened / shown positives; opened / shown negatives).
-    """
+    """Batch metrics for logging: :func:`envs.report.summarize_episodes` of the episodes' env
+    summaries (the one summary every consumer reports; selection figures pooled), plus the token
+    counts and the share of each finish reason."""
     n = len(episodes)
     if n == 0:
         return {"episodes": 0}
-
-    def total(key: str) -> float:
-        return float(sum(e.info.get(key, 0) for e in episodes))
-
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else 0.0
-
-    positives_shown, docs_shown = total("positives_shown"), total("docs_shown")
-    negatives_shown = docs_shown - positives_shown
-    stats = {
-        "episodes": n,
-        "reward_mean": sum(e.reward for e in episodes) / n,
-        "reward_std": math.sqrt(sum((e.reward - sum(x.reward for x in episodes) / n) ** 2 for e in episodes) / n),
-        "em": sum(e.info.get("metrics", {}).get("em", 0.0) for e in episodes) / n,
-        "f1": sum(e.info.get("metrics", {}).get("f1", 0.0) for e in episodes) / n,
-        "selection_precision": ratio(total("positives_opened"), total("docs_read")),
-        "open_rate_positive": ratio(total("positives_opened"), positives_shown),
-        "open_rate_negative": ratio(total("negatives_opened"), negatives_shown),
-        "docs_read_per_question": total("docs_read") / n,
-        "searches_per_question": total("n_searches") / n,
-        "actions_per_question": total("n_actions") / n,
-        "invalid_per_question": total("n_invalid") / n,
-        "model_tokens_mean": sum(e.num_model_tokens for e in episodes) / n,
-        "episode_tokens_mean": sum(len(e.token_ids) for e in episodes) / n,
-    }
+    stats = summarize_episodes([{**e.info, "reward": e.reward} for e in episodes])
+    stats["model_tokens_mean"] = sum(e.num_model_tokens for e in episodes) / n
+    stats["episode_tokens_mean"] = sum(len(e.token_ids) for e in episodes) / n
     reasons = Counter(e.finish_reason for e in episodes)
     for reason in FINISH_REASONS:
         stats[f"finish/{reason}"] = reasons.get(reason, 0) / n

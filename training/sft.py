@@ -187,7 +187,7 @@ def warm_start(ppo_cfg: PPOConfig, retriever: Any = None, model: Any = None, tok
 
 USAGE = """python -m training.sft [--config recipe.yaml] [--key value ...] [--collect-only]
 
-Any WarmStartConfig field is a --key (--epochs 1, --lora true, --output_dir runs/sft, --env.top_k 3);
+Any WarmStartConfig field is a --key (--epochs 1, --lora true, --output_dir runs/sft, --env.candidates_per_search 3);
 values are YAML scalars. --collect-only writes the trajectories and stops; --trajectories FILE trains
 from an existing trajectory file."""
 
