@@ -1,12 +1,11 @@
 """Configuration of the search environment (defaults from the SEEDS-R1 setting)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from envs import typed_config
 from envs.previews import PreviewConfig
 from envs.protocol import EXPAND_FORMS
 from envs.rewards import RewardConfig
@@ -26,7 +25,8 @@ class EnvConfig:
     require_expand: bool = True  # preview mode: the action after a snapshot must be an expand
     duplicate_query: str = "penalize"  # a repeated (normalised) query: "penalize" = invalid, "allow"
     distractor_rate: float = 0.0  # rho: chance that each candidate is replaced by a random passage
-    expand_form: str = "list"  # "list": <expand>2, 5</expand>; "judge": <expand>[1] no [2] yes ...</expand>, every candidate judged
+    # "list": <expand>2, 5</expand>; "judge": <expand>[1] no [2] yes ...</expand>, every candidate judged
+    expand_form: str = "list"
     shuffle_candidates: bool = False  # show each snapshot's candidates in a random (per-episode seeded) order
     # judgement form: the snapshot carries a "Question: ..." line and each verdict question restates it
     # ("Does [i] help answer: <question>?"), so the question sits next to every preview
@@ -50,29 +50,20 @@ class EnvConfig:
             raise ValueError("max_expand must be >= 0")
 
     @classmethod
-    def from_dict(cls, values: dict) -> "EnvConfig":
-        """Build from a plain (e.g. YAML) dict; nested ``preview`` and ``reward`` dicts allowed."""
+    def from_dict(cls, values: dict) -> EnvConfig:
+        """Build from a plain (e.g. YAML) dict, strictly (:func:`envs.typed_config.from_dict`):
+        nested ``preview`` and ``reward`` sections, unknown keys are errors."""
         values = dict(values)
         if "top_k" in values:  # the old name, easy to confuse with sampling top-k
-            warnings.warn("env config key `top_k` is now `candidates_per_search`; the old key goes in the next release",
-                          DeprecationWarning, stacklevel=2)
+            warnings.warn("env config key `top_k` is now `candidates_per_search`; "
+                          "the old key goes in the next release", DeprecationWarning, stacklevel=2)
             values["candidates_per_search"] = values.pop("top_k")
-        if isinstance(values.get("preview"), dict):
-            values["preview"] = PreviewConfig(**values["preview"])
-        if isinstance(values.get("reward"), dict):
-            values["reward"] = RewardConfig(**values["reward"])
-        unknown = set(values) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown env config keys: {sorted(unknown)}")
-        return cls(**values)
+        return typed_config.from_dict(cls, values)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "EnvConfig":
-        """Load a YAML recipe such as ``configs/env/seeds_r1.yaml``."""
+    def from_yaml(cls, path: str | Path) -> EnvConfig:
+        """Load a YAML recipe such as ``configs/env/seeds_r1.yaml`` (``base: other.yaml`` allowed)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"env config not found: {path}")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: expected a mapping of env settings")
-        return cls.from_dict(values)
+        return cls.from_dict(typed_config.read_recipe(path))

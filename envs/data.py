@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from envs.atomic import write_jsonl_atomic
 from envs.default_questions import generate_default_questions

@@ -4,7 +4,8 @@ Actions are ``<search>query</search>``, ``<expand>2, 5</expand>`` (1-based candi
 from the latest snapshot, separated by commas or spaces, or ``none``) and
 ``<answer>text</answer>``. The expand action also has a judgement form,
 ``<expand>[1] no [2] yes [3] no</expand>``: one yes/no per candidate, the yes ones are opened
-(``EnvConfig.expand_form = "judge"`` requires it and a judgement for every candidate shown). The first complete action tag in the model output is the action;
+(``EnvConfig.expand_form = "judge"`` requires it and a judgement for every candidate shown). \
+The first complete action tag in the model output is the action;
 text before it (reasoning, ``<think>`` blocks) is allowed and ignored. Anything else parses
 to an :class:`InvalidAction` carrying the reason, never an exception.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Union
 
 ACTION_TAGS = ("search", "expand", "answer")
 CLOSING_TAGS = tuple(f"</{tag}>" for tag in ACTION_TAGS)
@@ -49,7 +49,7 @@ class InvalidAction:
     raw: str
 
 
-Action = Union[SearchAction, ExpandAction, AnswerAction, InvalidAction]
+Action = SearchAction | ExpandAction | AnswerAction | InvalidAction
 
 
 def _parse_judgements(body: str, raw: str) -> Action:
@@ -123,7 +123,9 @@ def format_expand(ids: list[int] | tuple[int, ...], n_candidates: int | None = N
     chosen = set(ids)
     if not chosen <= set(range(1, n_candidates + 1)):
         raise ValueError(f"ids {sorted(chosen)} are not all candidates of 1..{n_candidates}")
-    return "<expand>" + " ".join(f"[{i}] {'yes' if i in chosen else 'no'}" for i in range(1, n_candidates + 1)) + "</expand>"
+    return "<expand>" + " ".join(
+        f"[{i}] {'yes' if i in chosen else 'no'}" for i in range(1, n_candidates + 1)
+    ) + "</expand>"
 
 
 def judgement_action(words: list[str]) -> str:

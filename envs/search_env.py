@@ -7,8 +7,9 @@ many episodes into one call while running exactly this logic.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -29,8 +30,8 @@ from envs.protocol import (
     format_invalid,
     format_passage,
     format_snapshot,
-    snapshot_lines,
     parse_action,
+    snapshot_lines,
 )
 from envs.tokens import TokenCounter
 from envs.types import Hit, Passage, QAExample
@@ -116,7 +117,8 @@ class SearchEnv(gym.Env):
         """Parse ``action_text`` and check it against the protocol state and the limits."""
         episode = self._require_episode()
         if not isinstance(action_text, str):
-            return PendingStep(InvalidAction(f"action must be text, got {type(action_text).__name__}", repr(action_text)))
+            return PendingStep(InvalidAction(f"action must be text, got {type(action_text).__name__}",
+                                             repr(action_text)))
         action = parse_action(action_text)
         reason = self._violation(action, episode)
         if reason is not None:
@@ -222,7 +224,8 @@ class SearchEnv(gym.Env):
         for number in numbers:
             hit = record.hits[number - 1]
             fresh = self.episode.open(record, number)
-            parts.append(format_passage(number, hit.title, hit.text) if fresh else f"[{number}] {hit.title}: already read above.")
+            parts.append(format_passage(number, hit.title, hit.text) if fresh
+                         else f"[{number}] {hit.title}: already read above.")
         body, cut = self.counter.truncate("\n\n".join(parts) if parts else "No results.", self._body_budget)
         record.doc_tokens += self.counter.count(body)
         return format_information(body + TRUNCATION_MARK if cut else body)

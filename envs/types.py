@@ -30,7 +30,7 @@ class Hit:
     rank: int
 
     @classmethod
-    def from_passage(cls, passage: Passage, score: float, rank: int) -> "Hit":
+    def from_passage(cls, passage: Passage, score: float, rank: int) -> Hit:
         return cls(passage.row, passage.id, passage.title, passage.text, float(score), int(rank))
 
 

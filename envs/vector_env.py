@@ -9,7 +9,8 @@ for the next batch. Slots whose episode has ended take ``None`` as their action.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

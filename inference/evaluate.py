@@ -28,6 +28,7 @@ from envs.atomic import write_json_atomic
 from envs.config import EnvConfig
 from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
+from envs.typed_config import ConfigError, read_recipe
 from inference.backends import load_backend
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
@@ -94,7 +95,10 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.config:
-        recipe = yaml.safe_load(Path(args.config).read_text()) or {}
+        try:
+            recipe = read_recipe(Path(args.config))  # the project's one recipe reader (`base:` allowed)
+        except ConfigError as err:
+            raise SystemExit(f"--config: {err}") from err
         known = {a.dest for a in parser._actions}
         unknown = {k.replace("-", "_") for k in recipe} - known
         if unknown:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envs.retrieval.encoders import resolve_device
 from envs.paths import cache_dir
+from envs.retrieval.encoders import resolve_device
 
 DEFAULT_MODEL = "gemma3-270m"
 SOURCE_FILE = "seeds_rl_source.json"  # written last into a converted folder: where it came from
@@ -113,7 +113,8 @@ def load_causal_lm(spec: str | os.PathLike = DEFAULT_MODEL, device: str = "auto"
 
     device = resolve_device(device)
     model = AutoModelForCausalLM.from_pretrained(
-        str(resolve_model(spec)), trust_remote_code=trust_remote_code, **_dtype_option(resolve_torch_dtype(dtype, device))
+        str(resolve_model(spec)), trust_remote_code=trust_remote_code,
+        **_dtype_option(resolve_torch_dtype(dtype, device))
     )
     return model.to(device).eval()
 

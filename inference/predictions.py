@@ -70,7 +70,7 @@ class PredictionWriter:
     def close(self) -> None:
         self._handle.close()
 
-    def __enter__(self) -> "PredictionWriter":
+    def __enter__(self) -> PredictionWriter:
         return self
 
     def __exit__(self, *exc) -> None:

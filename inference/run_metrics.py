@@ -10,7 +10,6 @@ from collections import Counter
 
 from envs.report import summarize_episodes
 
-
 # (key in metrics.json, column title, format) for the printed summary and --compare
 SUMMARY_COLUMNS = (
     ("em", "EM", "{:.3f}"),
@@ -99,7 +98,8 @@ def _cell(value, fmt: str) -> str:
 def format_table(rows: dict[str, dict]) -> str:
     """Runs as rows, SUMMARY_COLUMNS as columns, aligned for a terminal."""
     header = ["run"] + [title for _, title, _ in SUMMARY_COLUMNS]
-    lines = [header] + [[name] + [_cell(m.get(key), fmt) for key, _, fmt in SUMMARY_COLUMNS] for name, m in rows.items()]
+    lines = [header] + [[name] + [_cell(m.get(key), fmt) for key, _, fmt in SUMMARY_COLUMNS]
+                        for name, m in rows.items()]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     rendered = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))
                 for line in lines]

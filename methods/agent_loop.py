@@ -16,7 +16,7 @@ one setting, ``force_answer`` (default :data:`FORCE_ANSWER_DEFAULT`), which trai
 """
 from __future__ import annotations
 
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from envs.episode import EpisodeState
 from envs.protocol import CLOSING_TAGS

@@ -20,7 +20,7 @@ from envs.config import EnvConfig
 if TYPE_CHECKING:
     from methods.context import QuestionContext
 
-REGISTRY: dict[str, type["Method"]] = {}
+REGISTRY: dict[str, type[Method]] = {}
 
 
 def register(name: str):
@@ -46,7 +46,7 @@ class Method(ABC):
         return base
 
     @abstractmethod
-    async def run(self, ctx: "QuestionContext") -> None:
+    async def run(self, ctx: QuestionContext) -> None:
         """Answer ``ctx.question`` by calling ``ctx.generate`` and the env actions."""
 
     def options(self) -> dict[str, Any]:

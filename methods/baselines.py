@@ -68,8 +68,8 @@ class ReActFixedK(Method):
     example: bool = True  # show one worked example of the format first
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_searches,
-                                   max_actions=self.max_actions)
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
+                                   max_searches=self.max_searches, max_actions=self.max_actions)
 
     async def run(self, ctx: QuestionContext) -> None:
         prompt = react.FIXED_K.format(k=self.k, max_searches=self.max_searches, question=ctx.question)
@@ -142,8 +142,9 @@ class SearchO1(Method):
     reader_max_tokens: int = 256
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_searches,
-                                   max_actions=self.max_actions, duplicate_query="allow")
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
+                                   max_searches=self.max_searches, max_actions=self.max_actions,
+                                   duplicate_query="allow")
 
     async def run(self, ctx: QuestionContext) -> None:
         prompt = o1_prompts.REASONER.format(max_searches=self.max_searches, question=ctx.question)
@@ -169,8 +170,8 @@ class SearchR1(Method):
     max_tokens: int = 512
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_searches,
-                                   max_actions=self.max_actions)
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
+                                   max_searches=self.max_searches, max_actions=self.max_actions)
 
     async def run(self, ctx: QuestionContext) -> None:
         transcript = TokenTranscript(r1.SEARCH_R1.format(question=ctx.question), ctx.tokenizer)
@@ -190,8 +191,9 @@ class IRCoT(Method):
     max_tokens: int = 64
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.max_iterations + 1,
-                                   max_actions=self.max_iterations + 3, duplicate_query="allow")
+        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
+                                   max_searches=self.max_iterations + 1, max_actions=self.max_iterations + 3,
+                                   duplicate_query="allow")
 
     async def run(self, ctx: QuestionContext) -> None:
         outcome = await ctx.search(ctx.question)
@@ -242,7 +244,8 @@ class IterRetGen(Method):
             query = f"{ctx.question} {generation}".strip()
             outcome = await ctx.search(query)
             prompt = iterative.ITER_RETGEN.format(docs=format_docs(outcome.hits), question=ctx.question)
-            result = await ctx.generate([{"role": "user", "content": prompt}], max_tokens=self.max_tokens, tag="generate")
+            result = await ctx.generate([{"role": "user", "content": prompt}], max_tokens=self.max_tokens,
+                                        tag="generate")
             if result.completions[0].finish_reason == "error":
                 await ctx.give_up("llm_error")
                 return

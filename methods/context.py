@@ -14,13 +14,13 @@ from typing import Any
 from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
+from methods.env_batcher import EnvStepBatcher
 from methods.llm import (
     GenerationRequest,
     GenerationResult,
     LLMBackend,
     Prompt,
 )
-from methods.env_batcher import EnvStepBatcher
 
 
 class EpisodeOver(Exception):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from methods.llm_batching import RequestBatcher
 
 ChatMessages = list[dict[str, str]]
-Prompt = Union[ChatMessages, str, list[int]]
+Prompt = ChatMessages | str | list[int]
 
 FINISH_REASONS = ("stop", "eos", "length", "error")
 

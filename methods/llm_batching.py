@@ -8,8 +8,9 @@ one, so many questions advance through the model together.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # types only: methods.llm imports this module
     from methods.llm import GenerationRequest, GenerationResult

@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 import traceback
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from envs.config import EnvConfig
 from envs.search_env import SearchEnv
 from envs.types import QAExample
-from methods.llm import LLMBackend
 from methods.base import Method
 from methods.context import EpisodeOver, QuestionContext
 from methods.env_batcher import EnvStepBatcher
+from methods.llm import LLMBackend
 
 
 def prediction_record(ctx: QuestionContext) -> dict[str, Any]:
@@ -93,7 +94,8 @@ async def run_questions(
     async def one(example: QAExample) -> dict:
         question_seed = seed + zlib.crc32(example.id.encode()) % 2**31  # stable across resumed runs
         async with gate:
-            env = SearchEnv(retriever, None, config, tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
+            env = SearchEnv(retriever, None, config,
+                            tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
             ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls)
             record = await run_question(method, ctx)

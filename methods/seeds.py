@@ -19,8 +19,8 @@ from methods.base import Method, register
 from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import last_tag
-from methods.prompts import o1 as o1_prompts
 from methods.prompts import demos, r1, react
+from methods.prompts import o1 as o1_prompts
 from methods.transcript import ChatTranscript, TokenTranscript
 
 
@@ -104,7 +104,7 @@ class SeedsR1(Method):
     judge_question: bool = False  # judge form: each verdict question restates the question (EnvConfig.judge_question)
 
     @classmethod
-    def for_env(cls, env: EnvConfig, **options) -> "SeedsR1":
+    def for_env(cls, env: EnvConfig, **options) -> SeedsR1:
         """SEEDS-R1 with the limits and the judgement form of the env it runs in (training, evaluation)."""
         return cls(k=env.candidates_per_search, max_expand=env.max_expand, max_searches=env.max_searches,
                    max_actions=env.max_actions, expand_form=env.expand_form, judge_question=env.judge_question,

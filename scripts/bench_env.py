@@ -55,7 +55,8 @@ def main() -> None:
         steps += n
     encode, faiss_time = retriever.stats.encode_seconds, retriever.stats.index_seconds
     other = total - encode - faiss_time
-    print(f"episodes={args.episodes} x {args.repeats} batches, env steps={steps}, retrieval calls={retriever.stats.calls}")
+    print(f"episodes={args.episodes} x {args.repeats} batches, env steps={steps}, "
+          f"retrieval calls={retriever.stats.calls}")
     print(f"steps/s={steps / total:.1f}")
     print(f"encode_s={encode:.3f} faiss_s={faiss_time:.3f} other_s={other:.3f} total_s={total:.3f}")
     print(f"env_overhead_fraction={other / total:.4f}")

@@ -20,8 +20,8 @@ import json
 import time
 
 from envs.retrieval.default_corpus import default_corpus_path
-from methods.llm import GenerationRequest, GenerationResult
 from inference.backends.hf import HFBackend
+from methods.llm import GenerationRequest, GenerationResult
 
 STOPS = ("</search>", "</answer>")
 INSTRUCTIONS = (

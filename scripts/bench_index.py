@@ -43,7 +43,6 @@ from __future__ import annotations
 #   bench_index_build.py    the index types and how each is built (shared IVF training)
 #   bench_index_search.py   searching a built index: QPS and recall, one row per type
 #   bench_index_report.py   the result rows, the table, the winner, the JSON and the last line
-
 import argparse
 import shutil
 import sys
@@ -60,15 +59,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 # they are imported so that ``bench_index.<name>`` keeps working for tests and callers.
 
 from scripts.bench_index_build import (  # noqa: E402, F401
-    DEFAULT_TYPES, INDEX_TYPES, RERANKABLE, SharedTraining, build_index_type, default_nlist, pq_fits,
-    rerank_depth, train_shared,
+    DEFAULT_TYPES,
+    INDEX_TYPES,
+    RERANKABLE,
+    SharedTraining,
+    build_index_type,
+    default_nlist,
+    pq_fits,
+    rerank_depth,
+    train_shared,
 )
-from scripts.bench_index_data import K, GeneratorConfig, RowReader, exact_top_k, generate, make_queries  # noqa: E402
+from scripts.bench_index_data import GeneratorConfig, K, RowReader, exact_top_k, generate, make_queries  # noqa: E402
 from scripts.bench_index_measure import (  # noqa: E402, F401
-    recall_at_k, release_free_memory, serialised_bytes,
+    recall_at_k,
+    release_free_memory,
+    serialised_bytes,
 )
 from scripts.bench_index_report import (  # noqa: E402, F401
-    BATCH_SIZES, HEADER, RAM_BUDGET_BYTES, WIKIPEDIA_PASSAGES, Row, report_results,
+    BATCH_SIZES,
+    HEADER,
+    RAM_BUDGET_BYTES,
+    WIKIPEDIA_PASSAGES,
+    Row,
+    report_results,
 )
 from scripts.bench_index_search import measure_rows  # noqa: E402
 
@@ -89,12 +102,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--opq-iters", type=int, default=50, help="OPQ training iterations (FAISS's default: 50)")
     parser.add_argument("--train-size", type=int, default=None,
                         help="rows sampled to train IVF/PQ/OPQ (default: max(100k, 39*nlist), at most n)")
-    parser.add_argument("--hnsw-n", type=int, default=None, help="build HNSW on the first this many rows (default: all)")
+    parser.add_argument("--hnsw-n", type=int, default=None,
+                        help="build HNSW on the first this many rows (default: all)")
     parser.add_argument("--batch1-queries", type=int, default=200, help="queries timed one at a time")
     parser.add_argument("--flat-batch1-queries", type=int, default=20, help="the same for Flat (a full scan each)")
     parser.add_argument("--clusters", type=int, default=GeneratorConfig.clusters, help="mixture components")
-    parser.add_argument("--latent-dim", type=int, default=GeneratorConfig.latent_dim, help="rank of the structured part")
-    parser.add_argument("--workdir", default=None, help="where vectors.npy goes (default: a temp dir, removed at the end)")
+    parser.add_argument("--latent-dim", type=int, default=GeneratorConfig.latent_dim,
+                        help="rank of the structured part")
+    parser.add_argument("--workdir", default=None,
+                        help="where vectors.npy goes (default: a temp dir, removed at the end)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     parser.add_argument("--threads", type=int, default=None, help="FAISS OpenMP threads (default: all cores)")
     args = parser.parse_args(argv)
@@ -170,7 +186,8 @@ def prepare_vectors(path: Path, config: GeneratorConfig, n: int,
     """Generate (or reuse) the base rows, draw the queries and find their exact top-K."""
     started = time.perf_counter()
     made = generate(path, n, config)
-    print(f"data: {path} ({'generated' if made else 'reused'}, {time.perf_counter() - started:.1f} s); {config}", flush=True)
+    print(f"data: {path} ({'generated' if made else 'reused'}, {time.perf_counter() - started:.1f} s); {config}",
+          flush=True)
     reader = RowReader(path)
     queries = make_queries(n_queries, config)
     started = time.perf_counter()

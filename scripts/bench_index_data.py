@@ -106,7 +106,8 @@ class RowReader:
         self.path = path
         with open(path, "rb") as handle:
             version = np.lib.format.read_magic(handle)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0)
             shape, _, dtype = read_header(handle)
             self.offset = handle.tell()
         if dtype != np.float32 or len(shape) != 2:

@@ -43,7 +43,7 @@ class PeakRss:
     (``/proc/self/clear_refs``) and reads ``VmHWM`` at the end; where that is not allowed, a
     thread samples ``VmRSS`` every 5 ms instead."""
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         release_free_memory()
         try:
             with open("/proc/self/clear_refs", "w") as handle:

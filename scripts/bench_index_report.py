@@ -77,12 +77,14 @@ def print_summary(rows: list[Row], picks: tuple[Row | None, Row | None, Row | No
     print(f"B/vec = serialised index size / rows indexed (what the index holds in RAM; the key figure counts "
           f"types with B/vec <= {RAM_BUDGET_BYTES}); 21M GB = fixed part (centroids, codebooks, rotation) + "
           f"per-vector part x {WIKIPEDIA_PASSAGES:,} ({RAM_BUDGET_BYTES} B/vector there = "
-          f"{RAM_BUDGET_BYTES * WIKIPEDIA_PASSAGES / 1e9:.2f} GB); QPS@1 on {min(args.batch1_queries, args.queries)} queries, "
+          f"{RAM_BUDGET_BYTES * WIKIPEDIA_PASSAGES / 1e9:.2f} GB); "
+          f"QPS@1 on {min(args.batch1_queries, args.queries)} queries, "
           f"QPS@64/@256 on all {args.queries}; {faiss.omp_get_max_threads()} threads; peak RSS MB = increase "
           "during the build.")
     if shared is not None:
         coarse = shared.coarse
-        print(f"IVF rows share one training sample, coarse quantizer and list assignment ({shared.sample_seconds:.1f} s + "
+        print("IVF rows share one training sample, coarse quantizer and list assignment "
+              f"({shared.sample_seconds:.1f} s + "
               f"{coarse.train_seconds:.1f} s + {coarse.assign_seconds:.1f} s, {shared.sample_mb:.0f} MB + "
               f"{coarse.peak_rss_mb:.0f} MB peak), included in each IVF row's build s and peak RSS.")
     if best is not None:
@@ -111,8 +113,9 @@ def results_json(args: argparse.Namespace, config: GeneratorConfig, nlist: int, 
         "nlist": nlist,
         "train_size": train_size,
         "shared_coarse": None if coarse is None else {
-            "sample_seconds": shared.sample_seconds, "sample_mb": shared.sample_mb, "train_seconds": coarse.train_seconds,
-            "assign_seconds": coarse.assign_seconds, "peak_rss_mb": coarse.peak_rss_mb},
+            "sample_seconds": shared.sample_seconds, "sample_mb": shared.sample_mb,
+            "train_seconds": coarse.train_seconds, "assign_seconds": coarse.assign_seconds,
+            "peak_rss_mb": coarse.peak_rss_mb},
         "skipped": skipped,
         "faiss_version": faiss.__version__,
         "threads": faiss.omp_get_max_threads(),

@@ -61,7 +61,8 @@ def measure_rows(names: list[str], index: faiss.Index, reader: RowReader, querie
             peak_rss_mb=build["peak_rss_mb"],
             bytes_per_vector=build["bytes"] / build["rows"],
             fixed_bytes=build["fixed_bytes"],
-            wiki_gb=(build["fixed_bytes"] + (build["bytes"] - build["fixed_bytes"]) / build["rows"] * WIKIPEDIA_PASSAGES) / 1e9,
+            wiki_gb=(build["fixed_bytes"]
+                     + (build["bytes"] - build["fixed_bytes"]) / build["rows"] * WIKIPEDIA_PASSAGES) / 1e9,
             qps={str(b): q for b, q in qps.items()},
             recall10=recall_at_k(found, truth),
             search_params=params + (f", k'={rerank}" if rerank else ""),

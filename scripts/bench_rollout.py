@@ -31,12 +31,12 @@ from collections import Counter
 import torch
 
 from envs.config import EnvConfig
-from envs.retrieval.default_corpus import default_corpus_path
 from envs.default_questions import generate_default_questions
+from envs.retrieval.default_corpus import default_corpus_path
 from envs.types import Hit, Passage
 from envs.vector_env import SearchVectorEnv
-from methods.llm import GenerationRequest
 from inference.backends.hf import HFBackend
+from methods.llm import GenerationRequest
 from methods.seeds import SeedsR1
 from training.rollout import RolloutConfig, collect_rollouts
 

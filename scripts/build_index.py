@@ -50,30 +50,39 @@ def parse_devices(text: str | None) -> list[str] | None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="index type names:\n" + "\n".join(f"  {k:11s} {v}" for k, v in INDEX_NAMES.items()))
-    parser.add_argument("--corpus", required=True, help="corpus file, or 'default' for the embedded Wikipedia summaries")
+                                     epilog="index type names:\n"
+                                     + "\n".join(f"  {k:11s} {v}" for k, v in INDEX_NAMES.items()))
+    parser.add_argument("--corpus", required=True,
+                        help="corpus file, or 'default' for the embedded Wikipedia summaries")
     parser.add_argument("--corpus-format", default="auto", help="auto | flashrag | jsonl | tsv")
     parser.add_argument("--encoder", default="minilm",
-                        help="minilm | e5[:model] | bge[:model] | qwen3[:model] | hash[:dim] | sentence-transformers folder")
+                        help="minilm | e5[:model] | bge[:model] | qwen3[:model] | hash[:dim] | "
+                             "sentence-transformers folder")
     parser.add_argument("--index-type", default="Flat",
                         help="FAISS factory string (e.g. 'OPQ64,IVF65536,PQ64'), or a name listed below")
     parser.add_argument("--out", required=True, help="index directory (created if missing)")
     parser.add_argument("--memory-budget", default=None,
                         help="peak RAM for the build, e.g. 8GB, 512MiB, 8g (GB = 10^9, GiB and g = 2^30); "
-                             "sizes the training sample, add chunk and encode batch, and refuses an index that cannot fit")
+                             "sizes the training sample, add chunk and encode batch, and refuses an index "
+                             "that cannot fit")
     parser.add_argument("--rerank", type=int, default=None,
-                        help="default K' for searches: fetch K' candidates and re-rank them exactly from embeddings.npy (0: off)")
-    parser.add_argument("--nprobe", type=int, default=None, help="default IVF lists visited per search (stored in meta.json; else 32)")
-    parser.add_argument("--batch-size", type=int, default=256, help="passages per encode call and checkpoint (upper bound under a budget)")
+                        help="default K' for searches: fetch K' candidates and re-rank them exactly from "
+                             "embeddings.npy (0: off)")
+    parser.add_argument("--nprobe", type=int, default=None,
+                        help="default IVF lists visited per search (stored in meta.json; else 32)")
+    parser.add_argument("--batch-size", type=int, default=256,
+                        help="passages per encode call and checkpoint (upper bound under a budget)")
     parser.add_argument("--encoder-batch-size", type=int, default=None, help="texts per forward pass")
     parser.add_argument("--max-length", type=int, default=None, help="encoder token limit")
     parser.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:1 ... (default: auto)")
     parser.add_argument("--devices", default=None,
                         help="encode with one process per device over contiguous shards: 'cuda:0,cuda:1', 'all' "
-                             "(every visible GPU) or 'cpu,cpu'; default: every GPU when several exist and the corpus has "
-                             ">= 100,000 passages")
-    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="encoder precision (auto: fp16 on CUDA, fp32 on CPU)")
-    parser.add_argument("--train-size", type=int, default=100_000, help="rows sampled to train IVF/PQ/SQ types (upper bound under a budget)")
+                             "(every visible GPU) or 'cpu,cpu'; default: every GPU when several exist and the corpus "
+                             "has >= 100,000 passages")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="encoder precision (auto: fp16 on CUDA, fp32 on CPU)")
+    parser.add_argument("--train-size", type=int, default=100_000,
+                        help="rows sampled to train IVF/PQ/SQ types (upper bound under a budget)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model repo")
     parser.add_argument("--no-resume", action="store_true", help="ignore any partial build in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -101,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         args.encoder, device=device, batch_size=args.encoder_batch_size, max_length=args.max_length,
         show_progress=not args.quiet, dtype=dtype, trust_remote_code=args.trust_remote_code,
     )
-    print(f"corpus {corpus.path}: {len(corpus)} passages; encoder {encoder.name} ({encoder.dim} dims, {encoder.settings})")
+    print(f"corpus {corpus.path}: {len(corpus)} passages; "
+          f"encoder {encoder.name} ({encoder.dim} dims, {encoder.settings})")
     started = time.perf_counter()
     try:
         out = build_index(

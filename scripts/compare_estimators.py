@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = run_all(args)
     table = summarise(results)
     out = Path(args.out)
-    print(f"\n{'estimator':<14}{'reward after':>18}{'gain':>8}{'precision after':>20}{'gain':>8}   (seeds {args.seeds})")
+    print(f"\n{'estimator':<14}{'reward after':>18}{'gain':>8}{'precision after':>20}{'gain':>8}"
+          f"   (seeds {args.seeds})")
     for name, row in table.items():
         print(f"{name:<14}{row['reward_mean']:>10.3f} ± {row['reward_std']:.3f}{row['reward_gain']:>+8.3f}"
               f"{row['precision_mean']:>12.3f} ± {row['precision_std']:.3f}{row['precision_gain']:>+8.3f}")

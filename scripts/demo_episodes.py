@@ -17,8 +17,8 @@ from envs.atomic import write_json_atomic, write_jsonl_atomic
 from envs.config import EnvConfig
 from envs.data import load_qa
 from envs.default_questions import generate_default_questions
-from envs.retrieval.defaults import default_retriever
 from envs.report import summarize_episodes
+from envs.retrieval.defaults import default_retriever
 from envs.retrieval.retriever import Retriever
 from envs.vector_env import SearchVectorEnv
 from methods.scripted import run_scripted_episodes
@@ -30,7 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", help="FlashRAG JSONL questions (default: generated from the default corpus)")
     parser.add_argument("--index", help="index directory from scripts/build_index.py (default: the embedded default)")
-    parser.add_argument("--env-config", help="YAML env recipe, e.g. configs/env/seeds_r1.yaml (flags below override it)")
+    parser.add_argument("--env-config",
+                        help="YAML env recipe, e.g. configs/env/seeds_r1.yaml (flags below override it)")
     parser.add_argument("--admission", choices=["preview", "prefix"])
     parser.add_argument("--top-k", type=int, help="candidates per search (default 5)")
     parser.add_argument("--n-expand", type=int, default=2, help="candidates the scripted policy expands")
@@ -57,7 +58,8 @@ def main(argv=None) -> int:
     retriever = Retriever.from_dir(args.index) if args.index else default_retriever()
     examples = load_qa(args.data, limit=args.n) if args.data else generate_default_questions(args.n, seed=args.seed)
     config = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
-    overrides = {"admission": args.admission, "candidates_per_search": args.top_k, "distractor_rate": args.distractor_rate}
+    overrides = {"admission": args.admission, "candidates_per_search": args.top_k,
+                 "distractor_rate": args.distractor_rate}
     config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
     venv = SearchVectorEnv(retriever, num_envs=min(args.batch, len(examples)), config=config)
     summaries = run_scripted_episodes(venv, examples, n_expand=args.n_expand, seed=args.seed)

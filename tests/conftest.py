@@ -23,7 +23,8 @@ PASSAGES = [
     ("p6", "Tokyo", "Tokyo is the capital of Japan and one of the largest cities in the world."),
     ("p7", "Japan", "Japan is an island country in East Asia. Its capital is Tokyo."),
     ("p8", "Mount Fuji", "Mount Fuji is the highest mountain in Japan, southwest of Tokyo."),
-    ("p9", "Euro", "The euro is the currency of most member states of the European Union, including France and Germany."),
+    ("p9", "Euro",
+     "The euro is the currency of most member states of the European Union, including France and Germany."),
     ("p10", "Danube", "The Danube is the second-longest river in Europe, flowing through Vienna and Budapest."),
     ("p11", "Vienna", "Vienna is the capital of Austria, on the river Danube."),
 ]
@@ -64,7 +65,8 @@ class OverlapRetriever:
         for query in queries:
             q = _words(query)
             scored = sorted(self.corpus, key=lambda p: (-len(q & _words(p.title + " " + p.text)), p.row))
-            out.append([Hit.from_passage(p, len(q & _words(p.title + " " + p.text)), r) for r, p in enumerate(scored[:k], 1)])
+            out.append([Hit.from_passage(p, len(q & _words(p.title + " " + p.text)), r)
+                        for r, p in enumerate(scored[:k], 1)])
         return out
 
 

@@ -5,10 +5,10 @@ records every batch it receives, so tests can drive any method deterministically
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import plain_chat
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 
 def prompt_text(request: GenerationRequest) -> str:
@@ -43,6 +43,7 @@ class FakeLLM(LLMBackend):
                 reply = " ".join(words[: request.max_tokens])
             elif cut is None:
                 finish = "eos"
-            completion = Completion(reply, list(range(len(reply.split()))), [0.0] * len(reply.split()), finish, stop_string)
+            completion = Completion(reply, list(range(len(reply.split()))), [0.0] * len(reply.split()), finish,
+                                    stop_string)
             results.append(GenerationResult([completion], list(range(len(text.split())))))
         return results

@@ -44,8 +44,8 @@ def main(argv: list[str]) -> int:
     from accelerate.utils import set_seed
 
     from training.config import PPOConfig, load_config
-    from training.models import build_models
     from training.distributed import accelerator_handlers
+    from training.models import build_models
     from training.ppo import train
 
     cfg = load_config(PPOConfig, argv)

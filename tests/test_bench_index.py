@@ -82,7 +82,8 @@ def test_full_run_tiny(tmp_path, capsys):
     types = "flat,hnsw32,ivf-flat,ivf-sq16,ivf-pq32,opq32,ivf-pq64,ivf-pq32+rerank,opq32+rerank"
     result = bench.main([
         "--n", str(N), "--dim", str(DIM), "--queries", "50", "--types", types, "--hnsw-n", "2000",
-        "--rerank", "100,300", "--nprobe", "8", "--opq-iters", "4", "--batch1-queries", "10", "--flat-batch1-queries", "5",
+        "--rerank", "100,300", "--nprobe", "8", "--opq-iters", "4", "--batch1-queries", "10",
+        "--flat-batch1-queries", "5",
         "--clusters", "50", "--latent-dim", "8", "--workdir", str(tmp_path / "work"), "--out", str(out),
     ])
     lines = capsys.readouterr().out.strip().splitlines()

@@ -10,10 +10,10 @@ from tiny_models import tiny_llama
 from envs.config import EnvConfig
 from envs.protocol import JUDGE_WORDS, judge_token_ids
 from envs.vector_env import SearchVectorEnv
-from methods.llm import GenerationRequest
 from inference.backends.hf import HFBackend
 from inference.backends.openai_backend import request_body
 from inference.backends.vllm_backend import sampling_kwargs
+from methods.llm import GenerationRequest
 from methods.seeds import SeedsR1
 from training.models import sequence_logprobs
 from training.ppo_batch import episodes_to_batch

@@ -6,10 +6,15 @@ import json
 import pytest
 
 from envs import data as data_module
-from envs.retrieval.corpus import load_corpus
 from envs.data import (
-    DataFormatError, contexts_corpus, load_flashrag_jsonl, load_hotpot_json, load_qa, write_flashrag_jsonl,
+    DataFormatError,
+    contexts_corpus,
+    load_flashrag_jsonl,
+    load_hotpot_json,
+    load_qa,
+    write_flashrag_jsonl,
 )
+from envs.retrieval.corpus import load_corpus
 from envs.types import QAExample
 
 FLASHRAG_ROWS = [
@@ -17,7 +22,8 @@ FLASHRAG_ROWS = [
      "metadata": {"source": "toy"}},
     {"id": "q1", "question": "Capital of France?", "golden_answers": "Paris", "dataset": "toy",
      "supporting_titles": ["Paris", "France"], "positive_ids": ["p0"],
-     "contexts": [{"title": "Paris", "text": "Paris is the capital of France."}, {"title": "France", "text": "A country."}]},
+     "contexts": [{"title": "Paris", "text": "Paris is the capital of France."},
+                  {"title": "France", "text": "A country."}]},
 ]
 
 HOTPOT = [

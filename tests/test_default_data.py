@@ -6,12 +6,17 @@ import re
 
 import pytest
 
+from envs.default_questions import aliases, generate_default_questions, mask_titles
 from envs.retrieval import default_corpus
 from envs.retrieval.corpus import load_corpus
 from envs.retrieval.default_corpus import (
-    build_passages, default_corpus_path, read_articles, split_passages, split_sentences, write_default_corpus,
+    build_passages,
+    default_corpus_path,
+    read_articles,
+    split_passages,
+    split_sentences,
+    write_default_corpus,
 )
-from envs.default_questions import aliases, generate_default_questions, mask_titles
 
 LONG_SENTENCE = "Long " + " ".join(f"w{i}" for i in range(1, 130)) + "."
 
@@ -28,7 +33,8 @@ SUMMARIES = {
                    "in east-central Poland.",
     },
     "Nobel Prize": {
-        "title": "Nobel Prize", "topic": "Society and social sciences", "description": "Set of annual international awards",
+        "title": "Nobel Prize", "topic": "Society and social sciences",
+        "description": "Set of annual international awards",
         "extract": "The Nobel Prizes are five separate prizes awarded to those who have conferred the greatest "
                    "benefit to humankind in the preceding year.",
     },
@@ -121,7 +127,8 @@ def test_aliases_and_masking():
     assert aliases("Warsaw") == ["Warsaw"]
     assert mask_titles("Marie Curie, a physicist, studied Curie's notes in Paris.", ["Marie Curie"]) == \
         "___, a physicist, studied ___ notes in Paris."
-    assert mask_titles("Rabbits are mammals of the order Lagomorpha.", ["Rabbit"]) == "___ are mammals of the order Lagomorpha."
+    assert mask_titles("Rabbits are mammals of the order Lagomorpha.", ["Rabbit"]) == \
+        "___ are mammals of the order Lagomorpha."
 
 
 def _normalized(text: str) -> str:

@@ -22,9 +22,10 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from conftest import USER_CACHE
+
+    from envs.default_questions import generate_default_questions
     from envs.retrieval.corpus import load_corpus
     from envs.retrieval.default_corpus import default_corpus_path
-    from envs.default_questions import generate_default_questions
     from envs.retrieval.encoders import load_encoder
     from envs.retrieval.index import build_index
     from envs.retrieval.retriever import Retriever

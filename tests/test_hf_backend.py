@@ -20,10 +20,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from inference.backends import decoding, load_backend
-from methods.llm import GenerationRequest
 from inference.backends.decoding import IncrementalText, sample_tokens
 from inference.backends.hf import HFBackend
 from inference.backends.hf_cache import prefill_groups
+from methods.llm import GenerationRequest
 
 TRAINING_TEXT = [
     "The capital of France is Paris. <search>capital of France</search>. The answer is <answer>Paris</answer>.",
@@ -247,7 +247,8 @@ def test_incremental_text_holds_back_partial_characters(tokenizer):
 
 def test_token_id_prompts_pass_through(backend, tokenizer):
     ids = tokenizer(PROMPTS[0])["input_ids"]
-    from_ids, from_text = backend.generate([GenerationRequest(ids, max_tokens=6), GenerationRequest(PROMPTS[0], max_tokens=6)])
+    from_ids, from_text = backend.generate([GenerationRequest(ids, max_tokens=6),
+                                            GenerationRequest(PROMPTS[0], max_tokens=6)])
     assert from_ids.prompt_token_ids == ids
     assert from_ids.completions[0].token_ids == from_text.completions[0].token_ids
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tiny_models import tiny_llama, tiny_tokenizer
 
-from methods.llm import GenerationRequest
 from inference.backends.hf import HFBackend
 from inference.backends.hf_session import common_prefix, session_supported
+from methods.llm import GenerationRequest
 
 
 @pytest.fixture(scope="module")

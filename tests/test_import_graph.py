@@ -124,4 +124,6 @@ LOCAL_IMPORTS_ALLOWED = {
 
 def test_function_local_imports_only_where_listed():
     local = sorted({mod for mod, path in MODULES.items() for _, in_function in project_imports(path) if in_function})
-    assert set(local) <= LOCAL_IMPORTS_ALLOWED, f"function-local project imports in {set(local) - LOCAL_IMPORTS_ALLOWED}"
+    assert set(local) <= LOCAL_IMPORTS_ALLOWED, (
+        f"function-local project imports in {set(local) - LOCAL_IMPORTS_ALLOWED}"
+    )

@@ -101,7 +101,8 @@ def test_bytes_per_vector_estimates_at_wikipedia_scale():
     n, d = 21_015_324, 768
     per_vector = {name: estimate_index_size(resolve_index_type(name, n, d), d).per_vector for name in INDEX_NAMES}
     assert per_vector["flat"] == 4 * d and per_vector["fp16"] == 2 * d and per_vector["sq8"] == d
-    assert per_vector["ivfflat"] == 4 * d + 8 and per_vector["ivf-sqfp16"] == 2 * d + 8 and per_vector["ivf-sq8"] == d + 8
+    assert (per_vector["ivfflat"] == 4 * d + 8 and per_vector["ivf-sqfp16"] == 2 * d + 8
+            and per_vector["ivf-sq8"] == d + 8)
     assert per_vector["ivfpq"] == per_vector["opq-ivfpq"] == 64 + 8
     assert 4 * d + 8 * 32 < per_vector["hnsw"] < 4 * d + 8 * 32 + 32  # vectors + ~2M int32 links
     flat = estimate_index_size("Flat", d).total(n)
@@ -285,7 +286,8 @@ def test_two_processes_embed_exactly_like_one(tmp_path, corpus):
     assert same_index(single, sharded)
     meta = meta_of(sharded)
     assert meta["encode_devices"] == ["cpu", "cpu"] and meta["embedded_rows_this_run"] == 120
-    assert [(w["first_row"], w["stop_row"], w["rows_embedded"]) for w in meta["encode_workers"]] == [(0, 60, 60), (60, 120, 60)]
+    assert ([(w["first_row"], w["stop_row"], w["rows_embedded"]) for w in meta["encode_workers"]]
+            == [(0, 60, 60), (60, 120, 60)])
     assert json.loads((sharded / STATE_FILE).read_text())["rows_done"] == 120
     assert not list(sharded.glob("build_state.shard*.json"))  # folded into build_state.json when done
 

@@ -9,9 +9,9 @@ from fake_llm import FakeLLM
 import methods.kair  # noqa: F401  (registers "kair")
 from envs.config import EnvConfig
 from envs.types import QAExample
-from methods.llm import Completion
 from methods.base import get
 from methods.kair import KAIR, parse_step
+from methods.llm import Completion
 from methods.prompts import kair as prompts
 from methods.runner import run_questions_sync
 
@@ -260,7 +260,8 @@ def test_options_and_env():
     with pytest.raises(ValueError, match="admission"):
         KAIR(admission="topk")
     config = KAIR().env_config(EnvConfig())
-    assert (config.candidates_per_search, config.max_searches, config.admission, config.max_actions) == (5, 4, "prefix", 5)
+    assert (config.candidates_per_search, config.max_searches, config.admission, config.max_actions) == (
+        5, 4, "prefix", 5)
     assert KAIR(admission="preview").env_config(EnvConfig()).max_actions == 9
     method = get("kair", variant="no_index", max_steps=3)
     assert method.options()["variant"] == "no_index" and dataclasses.is_dataclass(method)

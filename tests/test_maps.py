@@ -1,17 +1,16 @@
 """MAPS driven through the env by a scripted LLM: parallel sub-queries in one retrieval call,
 disentangled memory, stopping, the ablations, preview admission and broken model output."""
 import pytest
+from conftest import OverlapRetriever
+from fake_llm import FakeLLM
 
 import methods.maps  # noqa: F401  (registers "maps")
 from envs.config import EnvConfig
 from envs.types import QAExample
-from methods.llm import Completion
 from methods.base import get
+from methods.llm import Completion
 from methods.maps import MAPS, parse_judgement, parse_plan, parse_refinement
 from methods.runner import run_questions_sync
-
-from conftest import OverlapRetriever
-from fake_llm import FakeLLM
 
 QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
 ERROR = "<<llm error>>"

@@ -2,13 +2,12 @@
 import re
 
 import pytest
+from fake_llm import FakeLLM
 
 import methods
 from envs.config import EnvConfig
 from envs.types import QAExample
 from methods.runner import run_questions_sync
-
-from fake_llm import FakeLLM
 
 QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
 
@@ -143,7 +142,8 @@ def test_llm_failure_is_recorded_not_raised():
     def boom(prompt: str) -> str:
         raise RuntimeError("backend exploded")
 
-    records, _, _ = run("seeds-react", boom, examples=[QUESTION, QAExample("q1", "Which river flows through Berlin?", ("Spree",))])
+    records, _, _ = run("seeds-react", boom,
+                        examples=[QUESTION, QAExample("q1", "Which river flows through Berlin?", ("Spree",))])
     assert [r["id"] for r in records] == ["q0", "q1"]
     for record in records:
         assert record["finish_reason"] == "error: RuntimeError" and record["prediction"] is None

@@ -16,7 +16,6 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from inference import models
-from methods.llm import GenerationRequest
 from inference.models import (
     PackagedModel,
     ensure_pad_token,
@@ -25,6 +24,7 @@ from inference.models import (
     resolve_torch_dtype,
     strip_gguf_quantizer,
 )
+from methods.llm import GenerationRequest
 
 
 def tiny_model() -> LlamaForCausalLM:
@@ -88,7 +88,8 @@ def test_packaged_model_is_converted_once_atomically(temp_cache, monkeypatch, tm
         tiny_model().save_pretrained(out_dir)
         return out_dir
 
-    monkeypatch.setitem(models.PACKAGED_MODELS, "fake-lm", PackagedModel("fake-lm", "fake-dist", "pip install x", fake_gguf))
+    monkeypatch.setitem(models.PACKAGED_MODELS, "fake-lm",
+                        PackagedModel("fake-lm", "fake-dist", "pip install x", fake_gguf))
     monkeypatch.setattr(models, "convert_gguf", fake_convert)
     (temp_cache / "models" / "fake-lm").mkdir(parents=True)  # an empty leftover does not count as done
     first = resolve_model("fake-lm")
@@ -102,7 +103,8 @@ def test_failed_conversion_leaves_nothing_behind(temp_cache, monkeypatch):
     def broken_gguf(scratch: Path) -> Path:
         raise ModuleNotFoundError("no package")
 
-    monkeypatch.setitem(models.PACKAGED_MODELS, "broken-lm", PackagedModel("broken-lm", "broken-dist", "pip install b", broken_gguf))
+    monkeypatch.setitem(models.PACKAGED_MODELS, "broken-lm",
+                        PackagedModel("broken-lm", "broken-dist", "pip install b", broken_gguf))
     with pytest.raises(ModuleNotFoundError, match="pip install b"):
         resolve_model("broken-lm")
     assert [p.name for p in (temp_cache / "models").iterdir()] == [".broken-lm.lock"]

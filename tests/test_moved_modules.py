@@ -29,7 +29,8 @@ def test_patching_the_old_name_patches_the_new_module(monkeypatch):
 
 
 def test_python_dash_m_old_server_path_runs_the_server_cli():
-    out = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "envs.server", "--help"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-m", "envs.server", "--help"],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "--index" in out.stdout and "moved to envs.retrieval.server" in out.stderr
 

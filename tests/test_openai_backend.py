@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from methods.llm import GenerationRequest
 from inference.backends.openai_backend import OpenAIBackend, completion_from_choice, request_body
+from methods.llm import GenerationRequest
 
 
 class FakeServer:
@@ -114,7 +114,8 @@ def test_chat_request_body_and_reply_mapping():
 
 @pytest.mark.parametrize("prompt", ["Question: who?\nAnswer:", [1, 17, 42]])
 def test_completions_request_for_text_and_token_ids(prompt):
-    reply = text_reply(" Paris", "length", logprobs={"tokens": ["token_id:9", "token_id:4"], "token_logprobs": [-1.0, -2.0]})
+    reply = text_reply(" Paris", "length",
+                       logprobs={"tokens": ["token_id:9", "token_id:4"], "token_logprobs": [-1.0, -2.0]})
     with FakeServer(lambda path, body, attempt: (200, reply, 0)) as server:
         [result] = backend(server).generate([GenerationRequest(prompt, max_tokens=2)])
     path, body, _ = server.requests[0]
@@ -127,10 +128,11 @@ def test_completions_request_for_text_and_token_ids(prompt):
 
 
 def test_stop_string_reappended_only_when_server_names_it():
-    named = completion_from_choice({"text": "<answer>Paris", "finish_reason": "stop", "stop_reason": "</answer>"}, chat=False)
+    named = completion_from_choice({"text": "<answer>Paris", "finish_reason": "stop", "stop_reason": "</answer>"},
+                                   chat=False)
     assert named.text == "<answer>Paris</answer>" and named.stop_string == "</answer>"
-    kept = completion_from_choice({"text": "<answer>Paris</answer>", "finish_reason": "stop", "stop_reason": "</answer>"},
-                                  chat=False)
+    kept = completion_from_choice({"text": "<answer>Paris</answer>", "finish_reason": "stop",
+                                   "stop_reason": "</answer>"}, chat=False)
     assert kept.text == "<answer>Paris</answer>"
     unnamed = completion_from_choice({"message": {"content": "<answer>Paris"}, "finish_reason": "stop"}, chat=True)
     assert unnamed.text == "<answer>Paris" and unnamed.finish_reason == "stop" and unnamed.stop_string is None
@@ -191,7 +193,9 @@ def test_timeout_is_retried_then_reported():
 
 
 def test_timeout_then_success():
-    script = lambda path, body, attempt: (200, chat_reply("late but fine"), 1.0 if attempt == 1 else 0)
+    def script(path, body, attempt):
+        return (200, chat_reply("late but fine"), 1.0 if attempt == 1 else 0)
+
     with FakeServer(script) as server:
         [result] = backend(server, timeout_s=0.3, max_retries=2).generate([GenerationRequest(CHAT)])
     assert len(server.requests) == 2 and result.completions[0].text == "late but fine"

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training.checkpoint import export_hf, list_checkpoints, load_latest
 from training.config import ConfigError, LoraSettings, PPOConfig, load_config, save_resolved
-from training.models import sequence_logprobs, sequence_values, wrap_models
 from training.inputs import next_questions
+from training.models import sequence_logprobs, sequence_values, wrap_models
 from training.ppo import train
 
 
@@ -244,7 +244,7 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
     view, retriever, examples = calls[0]
     assert retriever == "R" and view is cfg and examples == ["train questions"]  # never the held-out ones
     warm = warm_start_config(cfg)  # a full-fine-tune PPO run gets a full-fine-tune warm start
-    assert warm.lora is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
+    assert warm.lora.enabled is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
     assert warm_start_config(dataclasses.replace(cfg, sft={"epochs": 5, "lora": True})).epochs == 5
     given = dataclasses.replace(cfg, sft_checkpoint="somewhere")
     assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
@@ -264,7 +264,8 @@ def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):
             self.columns, self.data = columns, data
 
     tracker = SimpleNamespace(log=lambda values, step: logged.append((values, step)))
-    accelerator = SimpleNamespace(get_tracker=lambda name, unwrap: tracker if (name, unwrap) == ("wandb", True) else None)
+    accelerator = SimpleNamespace(
+        get_tracker=lambda name, unwrap: tracker if (name, unwrap) == ("wandb", True) else None)
     monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(Table=Table))
     sample = {"update": 3, "question": "q1", "reward": 0.5, "finish": "answer", "text": "<answer>x</answer>"}
     log_sample_table(accelerator, [sample], step=3)

@@ -77,7 +77,8 @@ def test_judge_chunks_interleave_the_snapshot():
     obs = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\nin France\n</snapshot>"
     assert snapshot_candidates(obs) == ["Paris: capital of France", "Seine: a river\nin France"]
     chunks, closing = judge_chunks(obs)
-    assert chunks == ["\n<snapshot>\n[1] Paris: capital of France\nRead [1]?", "\n[2] Seine: a river\nin France\nRead [2]?"]
+    assert chunks == ["\n<snapshot>\n[1] Paris: capital of France\nRead [1]?",
+                      "\n[2] Seine: a river\nin France\nRead [2]?"]
     assert closing == "\n</snapshot>\n"
     assert judge_chunks("<information>\nNo passages expanded.\n</information>") == ([], "")
     assert parse_action(judgement_action([" yes", " no"])) == ExpandAction((1,), judged=(1, 2))

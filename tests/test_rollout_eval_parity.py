@@ -16,8 +16,8 @@ from conftest import PASSAGES
 from test_rollout import random_lm, script_lm, tokenizer  # noqa: F401 (fixtures)
 
 from envs.config import EnvConfig
-from envs.retrieval.corpus import load_corpus
 from envs.data import load_qa
+from envs.retrieval.corpus import load_corpus
 from envs.retrieval.defaults import open_retriever
 from envs.retrieval.encoders import load_encoder
 from envs.retrieval.index import build_index

@@ -8,7 +8,8 @@ from envs.rewards import RewardConfig
 from envs.search_env import SearchEnv
 from envs.types import QAExample
 
-REWARD = RewardConfig(positive_opened_bonus=0.3, negative_opened_penalty=0.2, missed_positive_penalty=0.1, format_penalty=0.5)
+REWARD = RewardConfig(positive_opened_bonus=0.3, negative_opened_penalty=0.2, missed_positive_penalty=0.1,
+                      format_penalty=0.5)
 
 
 def make_env(retriever, examples, **overrides):
@@ -163,7 +164,8 @@ def test_observation_cap_marks_truncation(retriever, examples):
     obs, *_ = env.step("<expand>1, 2, 3</expand>")
     assert "[truncated: observation limit reached]" in obs
     assert len(obs.split()) == 30  # body, tags and marker fit the cap exactly
-    assert env.episode.doc_tokens == 30 - len("<information> [truncated: observation limit reached] </information>".split())
+    assert env.episode.doc_tokens == 30 - len(
+        "<information> [truncated: observation limit reached] </information>".split())
 
 
 def test_preview_caps_in_snapshot(retriever, examples):
@@ -177,8 +179,8 @@ def test_preview_caps_in_snapshot(retriever, examples):
 
 
 def test_distractor_injection_rate_and_seeding(retriever, examples):
-    config = EnvConfig(distractor_rate=0.4, candidates_per_search=5, max_searches=50, max_actions=200, require_expand=False,
-                       duplicate_query="allow")
+    config = EnvConfig(distractor_rate=0.4, candidates_per_search=5, max_searches=50, max_actions=200,
+                       require_expand=False, duplicate_query="allow")
     env = SearchEnv(retriever, examples, config)
     env.reset(seed=3, options={"example": examples[0]})
     flags = []

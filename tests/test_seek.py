@@ -3,6 +3,8 @@ limits and broken model output (fallbacks recorded, never a crash)."""
 import re
 
 import pytest
+from conftest import OverlapRetriever
+from fake_llm import FakeLLM, prompt_text
 
 import methods
 import methods.seek  # registers "seek"
@@ -10,11 +12,7 @@ from envs.config import EnvConfig
 from envs.types import QAExample
 from methods.llm import Completion, GenerationResult
 from methods.runner import run_questions_sync
-from methods.seek import (Seek, Sketch, clean_evidence, parse_gists, parse_numbered_queries, parse_query,
-                          parse_verdict)
-
-from conftest import OverlapRetriever
-from fake_llm import FakeLLM, prompt_text
+from methods.seek import Seek, Sketch, clean_evidence, parse_gists, parse_numbered_queries, parse_query, parse_verdict
 
 QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
 GISTS = ["Country named in the question", "Seat of government of that country", "City on the Seine"]
@@ -107,7 +105,7 @@ def test_full_fills_one_slot_per_round_in_order_then_answers_from_the_sketch():
         assert prompt.count("[to be filled]") == 3 - i
         assert all(f"Evidence about {g}: Paris." in prompt for g in GISTS[:i])
     # sub-queries and reasoning are not kept: a round's query reaches only that round's refine call
-    for i, gist in enumerate(GISTS):
+    for _, gist in enumerate(GISTS):
         holders = [p for p in llm.prompts if QUERIES[gist] in p]
         assert len(holders) == 1 and REFINE in holders[0] and focus_of(holders[0], REFINE) == gist
     assert not any("private-thought" in p for p in llm.prompts)
@@ -309,7 +307,8 @@ def test_options_are_validated():
     with pytest.raises(ValueError):
         Seek(max_rounds=0)
     config = Seek(admission="preview", k=3).env_config(EnvConfig())
-    assert (config.admission, config.candidates_per_search, config.max_searches, config.max_actions) == ("preview", 3, 10, 21)
+    assert (config.admission, config.candidates_per_search, config.max_searches, config.max_actions) == (
+        "preview", 3, 10, 21)
     assert Seek(variant="parallel_filling", max_slots=5).env_config(EnvConfig()).max_searches == 5
 
 

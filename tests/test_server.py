@@ -14,16 +14,16 @@ import time
 
 import httpx
 import pytest
+from test_retriever import TEXTS, index_dir, private_cache, write_corpus  # noqa: F401,F811  (shared fixtures)
 
 from envs.config import EnvConfig
 from envs.retrieval.defaults import open_retriever
 from envs.retrieval.remote import RemoteRetrievalError, RemoteRetriever
 from envs.retrieval.retriever import Retriever
+from envs.retrieval.server import MicroBatcher, RetrievalServer, ServerLimits
+from envs.retrieval.server import main as server_main
 from envs.search_env import SearchEnv
-from envs.retrieval.server import MicroBatcher, RetrievalServer, ServerLimits, main as server_main
 from envs.types import Hit, QAExample
-
-from test_retriever import TEXTS, index_dir, private_cache, write_corpus  # noqa: F401,F811  (shared fixtures)
 
 QUERIES = ["capital of Japan", "river Spree", "highest mountain", "currency of France", "Danube Vienna",
            "largest city", "English Channel", "Austria capital"]
@@ -96,7 +96,8 @@ def test_retrieve_has_search_r1_shape(http, reference):
 
 def test_passages_by_row(http, local):
     passages = http.post("/passages", json={"rows": [3, 0, 3]}).json()["passages"]
-    assert passages == [{"row": p.row, "id": p.id, "title": p.title, "text": p.text} for p in local.corpus.get_many([3, 0, 3])]
+    assert passages == [{"row": p.row, "id": p.id, "title": p.title, "text": p.text}
+                        for p in local.corpus.get_many([3, 0, 3])]
 
 
 def test_health_reports_index_limits_and_counters(http, server):
@@ -417,7 +418,8 @@ def test_evaluate_takes_a_retriever_url(server, index_dir):
 def test_training_configs_take_a_retriever_url(server):
     from training.config import PPOConfig
     from training.inputs import load_retriever as ppo_retriever
-    from training.sft import WarmStartConfig, load_retriever as sft_retriever, warm_start_config
+    from training.sft import WarmStartConfig, warm_start_config
+    from training.sft import load_retriever as sft_retriever
 
     assert isinstance(ppo_retriever(PPOConfig(retriever=server.url)), RemoteRetriever)
     assert isinstance(sft_retriever(WarmStartConfig(retriever=server.url)), RemoteRetriever)

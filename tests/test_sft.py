@@ -36,7 +36,8 @@ def tokenizer():
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = [r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES] + list(scripted_teacher.THINK_TEXTS.values())
+    text = ([r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES]
+            + list(scripted_teacher.THINK_TEXTS.values()))
     bpe.train_from_iterator(text * 10, trainer)
     bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
@@ -165,7 +166,9 @@ def test_method_teacher_converts_traces(retriever, examples):
 
 def test_acceptance_filter(retriever, examples):
     france = examples[0]
-    play = lambda actions, ex=france: trajectories.play_actions(ex, actions, retriever)
+    def play(actions, ex=france):
+        return trajectories.play_actions(ex, actions, retriever)
+
     good = play(["<search>capital France</search>", "<expand>1</expand>", "<answer>Paris</answer>"])
     assert (good["accepted"], good["reason"]) == (True, "correct")
     invalid = play(["I think", "<search>capital France</search>", "<expand>1</expand>", "<answer>Paris</answer>"])
@@ -293,7 +296,7 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     from training.config import PPOConfig
 
     ppo_cfg = PPOConfig(model=str(base), output_dir=str(tmp_path / "ppo"), seed=0, env={"max_searches": 2},
-                        sft={"lora_r": 4, "lora_alpha": 8, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3,
+                        sft={"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3,
                              "dev_eval": True, "dev_limit": 1, "eval_max_turn_tokens": 8})
     # warm_start collects on default questions; here the run is pointed at the four examples above.
     original = sft.load_examples
@@ -307,8 +310,8 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     merged = LlamaForCausalLM.from_pretrained(path)
     assert not any("lora" in name for name, _ in merged.named_parameters())
     resolved = sft.WarmStartConfig.from_yaml(out / "config.yaml")
-    assert resolved.teacher_expand == "random" and resolved.lora and resolved.epochs == 1
-    assert resolved.lora_r == 4 and resolved.env["max_searches"] == 2 and resolved.env["candidates_per_search"] == 5
+    assert resolved.teacher_expand == "random" and resolved.lora.enabled and resolved.epochs == 1
+    assert resolved.lora.r == 4 and resolved.env["max_searches"] == 2 and resolved.env["candidates_per_search"] == 5
     stats = json.loads((out / "acceptance.json").read_text())
     assert stats["accepted"] == 4 and stats["train"] + stats["dev"] == 4
 
@@ -316,9 +319,9 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
 def test_cli_config_and_collect_only(tokenizer, retriever, examples, tmp_path, monkeypatch):
     recipe = tmp_path / "sft.yaml"
     recipe.write_text("model: tiny\nepochs: 5\nteacher_expand: random\n")
-    config, args = sft.resolve_config(["--config", str(recipe), "--epochs", "2", "--lora", "true",
+    config, args = sft.resolve_config(["--config", str(recipe), "--epochs", "2", "--lora.enabled", "true",
                                        "--output-dir", str(tmp_path / "out"), "--collect-only", "--env.top_k", "3"])
-    assert (config.model, config.epochs, config.lora, config.teacher_expand) == ("tiny", 2, True, "random")
+    assert (config.model, config.epochs, config.lora.enabled, config.teacher_expand) == ("tiny", 2, True, "random")
     assert args.collect_only and config.output_dir == str(tmp_path / "out") and config.env == {"top_k": 3}
     config = dataclass_replace(config, env={})
     for bad in (["--no_such_field", "1"], ["--epochs", "two"], ["--teacher", "oracle"]):

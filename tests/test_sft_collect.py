@@ -104,7 +104,7 @@ def test_paper_warm_start_recipe():
     config, _ = sft.resolve_config(["--config", "configs/sft/seeds_r1_paper.yaml", "--teacher_llm", "vllm:/m/teacher"])
     assert (config.teacher, config.teacher_method, config.teacher_llm) == ("method", "seeds-react", "vllm:/m/teacher")
     assert config.target_accepted == 1000 and config.dev_fraction == 0.1 and config.dev_eval
-    assert config.num_questions is None and config.dev_limit is None and not config.lora
+    assert config.num_questions is None and config.dev_limit is None and not config.lora.enabled
     accepted = [{"id": f"q{i}", "accepted": True} for i in range(1000)]
     train, dev = trajectories.split_train_dev(accepted, config.dev_fraction, config.seed)
     assert (len(train), len(dev)) == (900, 100)
@@ -127,3 +127,21 @@ def test_paper_ppo_recipe_requires_the_sft_checkpoint():
     assert not PPOConfig().require_sft_checkpoint  # the CPU default still warm-starts itself
     with pytest.raises(ConfigError, match="require_sft_checkpoint"):
         PPOConfig(require_sft_checkpoint=True)
+
+
+def test_flat_lora_keys_of_old_recipes_read_into_the_lora_section():
+    with pytest.warns(DeprecationWarning, match="lora"):
+        config = WarmStartConfig.from_dict({"lora": True, "lora_r": 8, "lora_top_layers": 2})
+    assert (config.lora.enabled, config.lora.r, config.lora.top_layers) == (True, 8, 2)
+    assert config.lora.target_modules == "all-linear"  # the warm start's own default stays
+
+
+def test_warm_start_recipes_load_through_the_one_loader(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("model: tiny\nepochs: 2\nlora: {enabled: true, r: 4}\n")
+    variant = tmp_path / "variant.yaml"
+    variant.write_text("base: base.yaml\nepochs: 1\n")
+    config = WarmStartConfig.from_yaml(variant)
+    assert (config.model, config.epochs, config.lora.enabled, config.lora.r) == ("tiny", 1, True, 4)
+    with pytest.raises(ValueError, match="no_such_key"):
+        WarmStartConfig.from_dict({"no_such_key": 1})

@@ -14,9 +14,9 @@ from envs.rewards import RewardConfig, verdict_reward_gap
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
+from training.advantages import two_choice_advantages
 from training.config import ConfigError, PPOConfig
 from training.ppo_batch import episodes_to_batch
-from training.advantages import two_choice_advantages
 from training.rollout import RolloutConfig, collect_rollouts
 
 REWARD = RewardConfig(positive_opened_bonus=0.1, negative_opened_penalty=0.05, missed_positive_penalty=0.05)

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from methods.llm import GenerationRequest
 from inference.backends.vllm_backend import (
     completion_from_output,
     decode_tensor,
     encode_tensor,
     sampling_kwargs,
 )
+from methods.llm import GenerationRequest
 
 # ---------------------------------------------------------------------- mapping (no engine needed)
 
@@ -31,7 +31,8 @@ def fake_output(text, token_ids, finish_reason, stop_reason=None):
 
 def test_finish_reasons_are_mapped():
     stop = completion_from_output(fake_output("<search>x</search>", [4, 5], "stop", "</search>"))
-    assert (stop.finish_reason, stop.stop_string, stop.token_ids, stop.logprobs) == ("stop", "</search>", [4, 5], [-0.1, -0.2])
+    assert (stop.finish_reason, stop.stop_string, stop.token_ids, stop.logprobs) == (
+        "stop", "</search>", [4, 5], [-0.1, -0.2])
     eos = completion_from_output(fake_output("done", [4, 2], "stop", None))
     assert (eos.finish_reason, eos.token_ids, eos.logprobs) == ("eos", [4], [-0.1])
     stop_token = completion_from_output(fake_output("done", [4, 9], "stop", 9))
@@ -43,7 +44,8 @@ def test_finish_reasons_are_mapped():
 
 
 def test_sampling_kwargs():
-    kwargs = sampling_kwargs(GenerationRequest("q", stop=("</answer>",), max_tokens=7, temperature=0.5, top_p=0.8, seed=4, n=3))
+    kwargs = sampling_kwargs(GenerationRequest("q", stop=("</answer>",), max_tokens=7, temperature=0.5, top_p=0.8,
+                                               seed=4, n=3))
     assert kwargs == dict(n=3, temperature=0.5, top_p=0.8, top_k=-1, seed=4, max_tokens=7, stop=["</answer>"],
                           include_stop_str_in_output=True, logprobs=0)
     assert sampling_kwargs(GenerationRequest("q", top_k=40))["top_k"] == 40
@@ -74,10 +76,12 @@ def build_tiny_llama(path) -> None:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    lines = [WORDS[i:] + WORDS[:i] for i in range(0, len(WORDS), 7)] + ["<>/:.,?!0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ\n"]
+    lines = ([WORDS[i:] + WORDS[:i] for i in range(0, len(WORDS), 7)]
+             + ["<>/:.,?!0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ\n"])
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
     tokenizer.train_from_iterator(lines * 5, trainer)
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                           unk_token="<unk>")
     hf_tokenizer.save_pretrained(path)
     config = LlamaConfig(
         vocab_size=len(hf_tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -97,7 +101,8 @@ def engine(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("tiny-llama")
     build_tiny_llama(path)
-    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    settings = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "VLLM_CPU_KVCACHE_SPACE": "1"}
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     threads = torch.get_num_threads()
@@ -197,7 +202,8 @@ def test_weight_sync_changes_outputs_and_matches_perturbed_model(engine):
     try:
         backend.sync_weights(perturbed)
         after = backend.generate([request])[0].completions[0]
-        assert after.token_ids != before.token_ids or max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) > 1e-3
+        assert (after.token_ids != before.token_ids
+                or max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) > 1e-3)
         expected = reference_logprobs(perturbed, prompt, after.token_ids)
         torch.testing.assert_close(torch.tensor(after.logprobs), expected, atol=2e-3, rtol=0)
     finally:

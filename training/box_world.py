@@ -29,10 +29,10 @@ from training.trajectories import sft_rows
 KEYS = ["amber", "basil", "cedar", "delta", "ember", "flint", "grove", "heron"]
 TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>", "<snapshot>", "</snapshot>",
         "<information>", "</information>"]
-ENV = {"max_actions": 3, "max_searches": 1, "expand_form": "judge", "shuffle_candidates": False, "candidates_per_search": 5,
-       "max_expand": 5, "preview": {"max_tokens": 12}, "max_obs_tokens": 200,
-       "reward": {"answer_weight": 0.0, "format_penalty": 0.1, "positive_opened_bonus": 1.0, "negative_opened_penalty": 0.25,
-                  "missed_positive_penalty": 0.0}}
+ENV = {"max_actions": 3, "max_searches": 1, "expand_form": "judge", "shuffle_candidates": False,
+       "candidates_per_search": 5, "max_expand": 5, "preview": {"max_tokens": 12}, "max_obs_tokens": 200,
+       "reward": {"answer_weight": 0.0, "format_penalty": 0.1, "positive_opened_bonus": 1.0,
+                  "negative_opened_penalty": 0.25, "missed_positive_penalty": 0.0}}
 
 
 def world(n_questions: int = 120, seed: int = 0) -> tuple[list[Passage], list[QAExample]]:

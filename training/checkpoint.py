@@ -46,7 +46,8 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and (p / "state.json").is_file()]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _NAME.match(p.name)) and (p / "state.json").is_file()]
     return [p for _, p in sorted(found)]
 
 
@@ -89,9 +90,9 @@ def _barrier(accelerator: Any) -> None:
         accelerator.wait_for_everyone()
 
 
-def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.nn.Module, critic: torch.nn.Module | None,
-                    optimizers: dict[str, Any], schedulers: dict[str, Any], state: dict[str, Any],
-                    keep: int = 2, accelerator: Any = None) -> Path:
+def save_checkpoint(output_dir: str | os.PathLike, update: int, *, actor: torch.nn.Module,
+                    critic: torch.nn.Module | None, optimizers: dict[str, Any], schedulers: dict[str, Any],
+                    state: dict[str, Any], keep: int = 2, accelerator: Any = None) -> Path:
     """Write checkpoint ``update`` (models unwrapped from DDP by the caller); returns its folder.
 
     Call on every process: each writes its RNG state (and, under DeepSpeed ZeRO, its optimizer
@@ -147,7 +148,8 @@ def load_checkpoint(path: str | os.PathLike, *, actor: torch.nn.Module, critic: 
     load_trainable_state_dict(actor, _load(path / "actor.pt"))
     if critic is not None:
         if not (path / "critic.pt").is_file():
-            raise ValueError(f"{path} has no critic.pt (a critic-free run): resume it with the same advantage estimator")
+            raise ValueError(f"{path} has no critic.pt (a critic-free run): "
+                             "resume it with the same advantage estimator")
         load_trainable_state_dict(critic, _load(path / "critic.pt"))
     for name, optimizer in optimizers.items():
         zero = zero_optimizer(optimizer)

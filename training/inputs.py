@@ -26,7 +26,8 @@ def load_env_config(cfg: PPOConfig) -> EnvConfig:
         base = EnvConfig.from_yaml(path if path.is_file() else REPO_ROOT / path)
     values = dataclasses.asdict(base)
     for key, value in cfg.env.items():
-        values[key] = {**values[key], **value} if isinstance(value, dict) and isinstance(values.get(key), dict) else value
+        values[key] = ({**values[key], **value} if isinstance(value, dict) and isinstance(values.get(key), dict)
+                       else value)
     return EnvConfig.from_dict(values)
 
 
@@ -49,7 +50,8 @@ def load_questions(cfg: PPOConfig) -> tuple[list, list]:
     else:
         train = generate_default_questions(cfg.train_questions, seed=cfg.question_seed)
         seen = {q.question for q in train}
-        extra = generate_default_questions(cfg.eval_questions * 2 + 20, seed=cfg.eval_seed) if cfg.eval_questions else []
+        extra = (generate_default_questions(cfg.eval_questions * 2 + 20, seed=cfg.eval_seed)
+                 if cfg.eval_questions else [])
         held_out = [q for q in extra if q.question not in seen][:cfg.eval_questions]
     if not train:
         raise ValueError("no training questions")

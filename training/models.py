@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 from peft import LoraConfig, get_peft_model
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from inference.models import ensure_pad_token, load_causal_lm, load_tokenizer, strip_gguf_quantizer
 from training.config import LoraSettings, PPOConfig
-
 from training.ppo_core import (
     choice_entropy_from_logits,
     choice_logprobs_from_logits,
@@ -83,7 +82,8 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     constrained = choice_ids is not None and choice_mask is not None and bool(choice_mask.any())
     c = choice_mask[rows, cols].bool() if constrained else torch.zeros_like(y, dtype=torch.bool)  # (N,)
 
-    def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor, c_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor,
+                  c_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _head_logits(model, h_part)[None]  # (1, n, V)
         logp = logprobs_from_logits(logits, y_part[None], chunk=None)[0]
         ent = entropy_from_logits(logits, chunk=None)[0] if with_entropy else torch.zeros_like(logp)
@@ -159,14 +159,15 @@ class Models:
     tokenizer: Any
 
 
-def _lora_config(settings: LoraSettings, task_type: str | None, num_layers: int) -> LoraConfig:
+def lora_config(settings: LoraSettings, task_type: str | None, num_layers: int) -> LoraConfig:
     """peft LoraConfig; with ``settings.top_layers`` = N, only decoder layers ``num_layers−N ..`` get adapters."""
     top = settings.top_layers
     if top is not None and top > num_layers:
         raise ValueError(f"lora.top_layers={top} but the model has {num_layers} decoder layers")
     layers = list(range(num_layers - top, num_layers)) if top else None
     return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=list(settings.target_modules), task_type=task_type, bias="none",
+                      target_modules=(settings.target_modules if isinstance(settings.target_modules, str)
+                                      else list(settings.target_modules)), task_type=task_type, bias="none",
                       layers_to_transform=layers, layers_pattern="layers" if layers else None)
 
 
@@ -184,10 +185,10 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
     if uses_critic(cfg):
         backbone = copy.deepcopy(_decoder(lm))  # the critic's own copy, same initial weights
         if cfg.lora.enabled and cfg.lora.critic:
-            backbone = get_peft_model(backbone, _lora_config(cfg.lora, None, num_layers))
+            backbone = get_peft_model(backbone, lora_config(cfg.lora, None, num_layers))
         critic = ValueHead(backbone, hidden_size)
     if cfg.lora.enabled:
-        actor = PolicyModel(get_peft_model(lm, _lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk)
+        actor = PolicyModel(get_peft_model(lm, lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
             with torch.no_grad(), actor.lm.disable_adapter():

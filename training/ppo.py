@@ -81,7 +81,6 @@ from training.ppo_setup import Run, evaluate, set_up
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 from training.rollout_engine import close_rollout_backend, sync_rollout_weights
 
-
 DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
 
 

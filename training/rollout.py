@@ -58,13 +58,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.report import summarize_episodes
 from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
+from envs.report import summarize_episodes
 from envs.rewards import RewardConfig
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
-from methods.llm import GenerationRequest, LLMBackend
-from methods.seeds import SeedsR1
 from methods.agent_loop import (
     FORCE_ANSWER_DEFAULT,
     FORCED_ANSWER_MAX_TOKENS,
@@ -74,6 +72,8 @@ from methods.agent_loop import (
     forced_answer_text,
     must_force_answer,
 )
+from methods.llm import GenerationRequest, LLMBackend
+from methods.seeds import SeedsR1
 from training.rollout_generation import TurnGenerator, end_episode, eos_logprobs, request_seed
 from training.rollout_judge import judge_snapshots, judging_rows, record_judgement, verdict_reward_gaps
 

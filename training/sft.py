@@ -58,6 +58,7 @@ import yaml
 
 from envs.atomic import write_jsonl_atomic, write_text_atomic
 from envs.data import load_questions
+from envs.typed_config import merge_values
 from envs.types import QAExample
 from inference.models import load_tokenizer
 from training.config import ConfigError, PPOConfig, help_text, load_config
@@ -70,7 +71,7 @@ from training.sft_collect import (
     load_retriever,
     read_jsonl,
 )
-from training.sft_config import WarmStartConfig
+from training.sft_config import WarmStartConfig, nest_flat_lora_keys
 from training.sft_trainer import build_trainer, dev_em, merge_adapter, model_token_nll, train_sft
 from training.trajectories import acceptance, split_train_dev
 
@@ -142,7 +143,7 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
 # evaluation (the PPO trainer evaluates before and after). Sized for the 20-minute CPU default.
 PPO_WARM_START = {
     "num_questions": 32, "teacher": "scripted", "teacher_expand": "random", "teacher_random_expand": 2,
-    "lora_dropout": 0.0, "merge_lora": True, "epochs": 2,
+    "merge_lora": True, "epochs": 2,
     "learning_rate": 2e-4, "batch_size": 4, "warmup_ratio": 0.1, "max_length": 2048, "dev_eval": False,
     "eval_before": False,
 }
@@ -152,20 +153,19 @@ def warm_start_config(ppo_cfg: PPOConfig) -> WarmStartConfig:
     """The :class:`WarmStartConfig` of a PPO run's automatic warm start.
 
     From the PPO config: ``model``, ``dtype``, ``seed``, ``index``, ``corpus``, the env (``env_config``
-    recipe plus ``env`` overrides, resolved by :func:`training.inputs.load_env_config`), the LoRA
-    settings (a LoRA PPO run gets a LoRA warm start, merged; a full one a full fine-tune), and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
-    :data:`PPO_WARM_START`, ``ppo_cfg.sft`` overrides any field (``--sft.epochs 1``).
+    recipe plus ``env`` overrides, resolved by :func:`training.inputs.load_env_config`), the ``lora``
+    section itself (a LoRA PPO run gets a LoRA warm start on the same layers, merged; a full one a
+    full fine-tune), and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
+    :data:`PPO_WARM_START`, ``ppo_cfg.sft`` overrides any field (``--sft.epochs 1``, ``--sft.lora.r 8``).
     """
     values = dict(PPO_WARM_START)
     values.update(model=str(ppo_cfg.model), dtype=str(ppo_cfg.dtype), seed=int(ppo_cfg.seed), index=ppo_cfg.index,
                   corpus=ppo_cfg.corpus, retriever=ppo_cfg.retriever,
                   output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
                   env=dataclasses.asdict(load_env_config(ppo_cfg)),
-                  lora=bool(ppo_cfg.lora.enabled), lora_r=int(ppo_cfg.lora.r), lora_alpha=int(ppo_cfg.lora.alpha),
-                  lora_target_modules=list(ppo_cfg.lora.target_modules),
-                  lora_top_layers=ppo_cfg.lora.top_layers)
-    overrides = dict(ppo_cfg.sft or {})
-    return WarmStartConfig.from_dict({**values, **overrides})
+                  lora=dataclasses.asdict(ppo_cfg.lora))
+    overrides = nest_flat_lora_keys(dict(ppo_cfg.sft or {}))
+    return WarmStartConfig.from_dict(merge_values(values, overrides))
 
 
 def warm_start(ppo_cfg: PPOConfig, retriever: Any = None, model: Any = None, tokenizer: Any = None,
@@ -187,7 +187,8 @@ def warm_start(ppo_cfg: PPOConfig, retriever: Any = None, model: Any = None, tok
 
 USAGE = """python -m training.sft [--config recipe.yaml] [--key value ...] [--collect-only]
 
-Any WarmStartConfig field is a --key (--epochs 1, --lora true, --output_dir runs/sft, --env.candidates_per_search 3);
+Any WarmStartConfig field is a --key (--epochs 1, --lora.enabled true, --output_dir runs/sft, \
+--env.candidates_per_search 3);
 values are YAML scalars. --collect-only writes the trajectories and stops; --trajectories FILE trains
 from an existing trajectory file."""
 
@@ -204,7 +205,7 @@ def resolve_config(argv: list[str] | None = None) -> tuple[WarmStartConfig, argp
     try:
         config = load_config(WarmStartConfig, argv)
     except (ConfigError, ValueError, TypeError) as err:
-        raise SystemExit(f"training.sft: {err}")
+        raise SystemExit(f"training.sft: {err}") from err
     return config, argparse.Namespace(collect_only=collect_only)
 
 

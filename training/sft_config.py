@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from envs import typed_config
 from envs.config import EnvConfig
+from training.config import LoraSettings
 from training.scripted_teacher import ScriptedTeacherConfig
 
 PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
@@ -55,12 +55,9 @@ class WarmStartConfig:
     trajectories: str | None = None  # train from this JSONL instead of collecting
     dev_fraction: float = 0.1
     # training
-    lora: bool = False
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.05
-    lora_target_modules: Any = "all-linear"
-    lora_top_layers: int | None = None  # LoRA only on the top N decoder layers (the PPO run's lora.top_layers)
+    # the PPO trainer's LoRA section (enabled: false = full fine-tune); the automatic warm start takes the PPO run's
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(enabled=False, dropout=0.05,
+                                                                    target_modules="all-linear"))
     merge_lora: bool = True  # save the best model with the adapter merged in (else the adapter folder)
     epochs: int = 3
     learning_rate: float = 1e-5
@@ -104,21 +101,37 @@ class WarmStartConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> WarmStartConfig:
+        """Strictly, through the project's one loader (:func:`envs.typed_config.from_dict`); the
+        flat LoRA keys of earlier recipes (``lora: true``, ``lora_r: 8``, ...) are read into the
+        ``lora`` section, with a DeprecationWarning."""
         values = {k.replace("-", "_"): v for k, v in (values or {}).items()}
-        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown warm-start config keys: {sorted(unknown)}")
-        return cls(**values)
+        return typed_config.from_dict(cls, nest_flat_lora_keys(values))
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict | None = None) -> WarmStartConfig:
-        values = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(values, dict):
-            raise TypeError(f"{path}: expected a mapping of warm-start settings")
-        return cls.from_dict({**values, **(overrides or {})})
+        """A recipe (``base: other.yaml`` allowed) with ``overrides`` on top."""
+        return cls.from_dict({**typed_config.read_recipe(Path(path)), **(overrides or {})})
 
     def env_config(self) -> EnvConfig:
         return EnvConfig.from_dict(self.env) if self.env else EnvConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+FLAT_LORA_KEYS = {"lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout",
+                  "lora_target_modules": "target_modules", "lora_top_layers": "top_layers"}
+
+
+def nest_flat_lora_keys(values: dict) -> dict:
+    """``{"lora": true, "lora_r": 8}`` -> ``{"lora": {"enabled": true, "r": 8}}`` (the old flat form)."""
+    flat = {key: values.pop(key) for key in list(values) if key in FLAT_LORA_KEYS}
+    if not flat and not isinstance(values.get("lora"), bool):
+        return values
+    warnings.warn("flat LoRA keys (lora: true, lora_r, lora_alpha, ...) are now the `lora:` section "
+                  "(lora: {enabled: true, r: 8}); the flat form goes in the next release",
+                  DeprecationWarning, stacklevel=3)
+    section = values.get("lora")
+    section = {"enabled": section} if isinstance(section, bool) else dict(section or {})
+    section.update({FLAT_LORA_KEYS[key]: value for key, value in flat.items()})
+    return {**values, "lora": section}

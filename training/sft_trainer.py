@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import transformers
 from datasets import Dataset
-from peft import LoraConfig, PeftModel
+from peft import PeftModel
 from transformers import TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
@@ -25,7 +25,7 @@ from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from inference.models import ensure_pad_token, load_causal_lm, load_tokenizer
-from training.models import sequence_logprobs
+from training.models import lora_config, sequence_logprobs
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 from training.sft_config import WarmStartConfig
 from training.trajectories import example_of, seeds_r1_prompt_fn, sft_rows
@@ -124,7 +124,7 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
         raise ValueError("no accepted training trajectories")
     callbacks = []
     dev_examples = _dev_examples(dev_records, config.dev_limit)
-    best_dir = out / ("adapter" if config.lora else "model")
+    best_dir = out / ("adapter" if config.lora.enabled else "model")
     callback = None
     if config.dev_eval and dev_examples and retriever is not None:
         env_config = config.env_config()
@@ -141,7 +141,7 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
     if callback is None or callback.best_em is None:
         _save_model(trainer.model, tokenizer, best_dir)
     model_dir = best_dir
-    if config.lora and config.merge_lora:
+    if config.lora.enabled and config.merge_lora:
         model_dir = merge_adapter(best_dir, out / "model", base=config.model, tokenizer=tokenizer,
                                   base_model=None)
     summary = {
@@ -162,32 +162,28 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
 def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tokenizer: Any,
                   callbacks: Sequence[Any] = ()) -> Any:
     """TRL ``SFTTrainer`` over pre-tokenized rows (``input_ids`` + ``labels``; TRL keeps the labels
-    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``); the
-    loss is :func:`model_token_nll` (lm_head on labelled positions only)."""
+    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``, built
+    as the PPO trainer builds its adapters: :func:`training.models.lora_config`); the loss is
+    :func:`model_token_nll` (lm_head on labelled positions only)."""
     peft_config = None
-    if config.lora:
-        top = config.lora_top_layers
-        n_layers = model.config.get_text_config().num_hidden_layers
-        if top is not None and not 1 <= top <= n_layers:
-            raise ValueError(f"lora_top_layers={top}: the model has {n_layers} decoder layers")
-        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                                 target_modules=config.lora_target_modules, task_type="CAUSAL_LM",
-                                 layers_to_transform=list(range(n_layers - top, n_layers)) if top else None,
-                                 layers_pattern="layers" if top else None)
+    if config.lora.enabled:
+        peft_config = lora_config(config.lora, "CAUSAL_LM", model.config.get_text_config().num_hidden_layers)
     parameter = next(model.parameters())
     on_gpu = parameter.device.type == "cuda" or (torch.cuda.is_available() and config.device != "cpu")
     bf16 = bool(on_gpu and parameter.dtype == torch.bfloat16)
     args = SFTConfig(
         output_dir=str(Path(config.output_dir) / "trainer"), num_train_epochs=config.epochs,
         learning_rate=config.learning_rate, per_device_train_batch_size=config.batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps, warmup_steps=float(config.warmup_ratio) if config.warmup_ratio < 1 else int(config.warmup_ratio),
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        warmup_steps=float(config.warmup_ratio) if config.warmup_ratio < 1 else int(config.warmup_ratio),
         weight_decay=config.weight_decay, lr_scheduler_type="linear", logging_steps=config.logging_steps,
         save_strategy="no", eval_strategy="no", report_to=config.report_to, max_length=None, bf16=bf16, fp16=False,
         seed=config.seed, data_seed=config.seed,
-        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not config.progress, **_checkpointing(config.gradient_checkpointing),
+        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not config.progress,
+        **_checkpointing(config.gradient_checkpointing),
     )
-    return ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)), processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=list(callbacks))
+    return ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
+                                    processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
 
 
 def model_token_nll(model: Any, input_ids: Any, attention_mask: Any, labels: Any, chunk: int = 1024) -> tuple[Any, Any]:

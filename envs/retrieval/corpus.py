@@ -19,8 +19,8 @@ import hashlib
 import json
 import os
 from array import array
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 

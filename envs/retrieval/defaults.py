@@ -12,12 +12,12 @@ import hashlib
 import re
 from pathlib import Path
 
+from envs.paths import cache_dir
 from envs.retrieval.corpus import load_corpus
 from envs.retrieval.default_corpus import default_corpus_path
 from envs.retrieval.encoders import canonical_encoder_name, load_encoder
 from envs.retrieval.index import DenseIndex, build_index
 from envs.retrieval.remote import RemoteRetriever
-from envs.paths import cache_dir
 from envs.retrieval.retriever import Retriever
 
 

@@ -27,10 +27,10 @@ import importlib.util
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 

@@ -41,8 +41,8 @@ import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import faiss
 import numpy as np
@@ -226,7 +226,8 @@ def build_index(corpus, encoder: Encoder, out_dir: str | os.PathLike, index_type
                     f"embeddings are stored in {out_dir / EMBEDDINGS_FILE}: run the build again (a fresh process "
                     "reuses them without encoding) with a larger budget or another type"
                 ) from None
-            plan = dataclasses.replace(plan, encode_batch=encode_plan.encode_batch, encode_bytes=encode_plan.encode_bytes)
+            plan = dataclasses.replace(plan, encode_batch=encode_plan.encode_batch,
+                                       encode_bytes=encode_plan.encode_bytes)
         with EmbeddingsFile(out_dir / EMBEDDINGS_FILE) as source:
             index, trained_on = train_and_fill(source, factory, plan.train_rows, plan.add_chunk, show_progress)
         write_index_atomic(index, out_dir / INDEX_FILE)
@@ -340,7 +341,7 @@ class DenseIndex:
 
     @classmethod
     def load(cls, index_dir: str | os.PathLike, corpus=None, device: str = "auto",
-             nprobe: int | None = None, ef_search: int = 64, rerank: int | None = None) -> "DenseIndex":
+             nprobe: int | None = None, ef_search: int = 64, rerank: int | None = None) -> DenseIndex:
         """Open ``index_dir``; with ``corpus``, refuse (IndexMismatchError) unless it is the corpus
         the index was built from.
 
@@ -391,7 +392,7 @@ class DenseIndex:
                     raise
                 import warnings
 
-                warnings.warn(f"faiss could not move {meta['factory']} to GPU ({err}); searching on CPU")
+                warnings.warn(f"faiss could not move {meta['factory']} to GPU ({err}); searching on CPU", stacklevel=2)
         elif device == "cuda":
             raise RuntimeError(
                 f"device='cuda' but faiss sees no GPU and the torch path needs a Flat index "

@@ -19,7 +19,7 @@ the row-sorted training sample come from the file with ``pread``, never the whol
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import faiss
 import numpy as np

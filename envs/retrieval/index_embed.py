@@ -36,9 +36,9 @@ import os
 import queue as queue_module
 import sys
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -98,7 +98,7 @@ class EmbeddingsFile:
         self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
 
     @classmethod
-    def create(cls, path: str | os.PathLike, shape: tuple[int, int]) -> "EmbeddingsFile":
+    def create(cls, path: str | os.PathLike, shape: tuple[int, int]) -> EmbeddingsFile:
         """A new (sparse, zero-filled) file of ``shape``, opened for writing."""
         memmap = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=tuple(shape))
         del memmap  # only the header and the file size were written
@@ -159,7 +159,7 @@ class EmbeddingsFile:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "EmbeddingsFile":
+    def __enter__(self) -> EmbeddingsFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -247,7 +247,8 @@ def _embed_range(corpus, encoder, file: EmbeddingsFile, done: int, stop: int, ba
         embedded += len(passages)
         report(len(passages), done)
     if done != stop:
-        raise RuntimeError(f"embedded rows up to {done} of [{state.get('first_row', 0)}, {stop}); the corpus ended early")
+        raise RuntimeError(f"embedded rows up to {done} of [{state.get('first_row', 0)}, {stop}); "
+                           "the corpus ended early")
     return embedded
 
 
@@ -262,7 +263,8 @@ class EmbedResult:
     workers: list[dict] = field(default_factory=list)
 
 
-def _open_or_create(out_dir: Path, shape: tuple[int, int], identity: dict, resume: bool) -> tuple[EmbeddingsFile, list[dict]]:
+def _open_or_create(out_dir: Path, shape: tuple[int, int], identity: dict,
+                    resume: bool) -> tuple[EmbeddingsFile, list[dict]]:
     """The writable embeddings file and the matching states, or a fresh file and no states."""
     path = out_dir / EMBEDDINGS_FILE
     states = _matching_states(out_dir, identity) if resume else []
@@ -280,7 +282,8 @@ def _open_or_create(out_dir: Path, shape: tuple[int, int], identity: dict, resum
 
 def _finish(out_dir: Path, identity: dict, n_rows: int) -> None:
     write_json_atomic({**identity, "first_row": 0, "rows_done": n_rows}, out_dir / STATE_FILE)
-    leftovers = [*out_dir.glob(SHARD_STATE_PATTERN.format("*")), *out_dir.glob("build_state*.tmp")]  # .tmp: a killed writer's
+    # .tmp: a killed writer's
+    leftovers = [*out_dir.glob(SHARD_STATE_PATTERN.format("*")), *out_dir.glob("build_state*.tmp")]
     for path in leftovers:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -323,7 +326,8 @@ def embed_corpus(corpus, encoder, out_dir: str | os.PathLike, batch_size: int = 
             if len(devices) <= 1:
                 state = {**identity, "first_row": 0}
                 write_json_atomic({**state, "rows_done": starts[0]}, out_dir / STATE_FILE)
-                embedded = _embed_range(corpus, encoder, file, starts[0], n, batch_size, state, out_dir / STATE_FILE, report)
+                embedded = _embed_range(corpus, encoder, file, starts[0], n, batch_size, state, out_dir / STATE_FILE,
+                                        report)
                 result = EmbedResult(out_dir / EMBEDDINGS_FILE, embedded)
             else:
                 file.close()
@@ -445,11 +449,11 @@ def shard_worker(job: dict, messages) -> None:
                                 job["state"], Path(job["state_path"]),
                                 lambda k, done: messages.put(("rows", shard, k, done)))
         messages.put(("done", shard, rows, peak_rss_bytes()))
-    except BaseException:
+    except BaseException as err:
         messages.put(("error", shard, traceback.format_exc()))
         messages.close()
         messages.join_thread()
-        raise SystemExit(1)
+        raise SystemExit(1) from err
 
 
 def auto_devices(encoder, n_rows: int) -> list[str] | None:

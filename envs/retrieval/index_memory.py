@@ -370,7 +370,8 @@ def _suggestions(n_rows: int, dim: int, working: int, baseline: int, headroom: i
         factory = resolve_index_type(name, n_rows, dim)
         size = estimate_index_size(factory, dim)
         if size.while_filling(n_rows) + ADD_COPIES * min(n_rows, MIN_ADD_CHUNK) * 4 * dim <= working:
-            extra = " with --rerank 100 (exact re-ranking of 100 candidates from embeddings.npy on disk)" if rerank else ""
+            extra = (" with --rerank 100 (exact re-ranking of 100 candidates from embeddings.npy on disk)"
+                     if rerank else "")
             fitting.append(f"--index-type {name} ({factory}: ~{format_bytes(size.total(n_rows))}){extra}")
     if fitting:
         return "Choose a compressed type, e.g. " + "; or ".join(fitting[:3])

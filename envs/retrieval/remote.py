@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
@@ -84,7 +85,7 @@ class RemoteRetriever:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "RemoteRetriever":
+    def __enter__(self) -> RemoteRetriever:
         return self
 
     def __exit__(self, *exc) -> None:

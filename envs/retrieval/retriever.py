@@ -75,7 +75,7 @@ class Retriever:
 
     @classmethod
     def from_dir(cls, index_dir: str | os.PathLike, corpus=None, device: str = "auto",
-                 cache_size: int = 4096, **encoder_kwargs) -> "Retriever":
+                 cache_size: int = 4096, **encoder_kwargs) -> Retriever:
         """Load an index directory with its corpus and encoder.
 
         ``corpus``: None (the path recorded in ``meta.json``), a path, or a loaded corpus; it must

@@ -34,12 +34,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from envs.retrieval.defaults import open_retriever
-from envs.types import Hit
 from envs.retrieval.microbatch import MicroBatcher  # noqa: E402,F401  (re-exported)
 from envs.retrieval.server_requests import (  # noqa: E402,F401  (re-exported)
-    DEFAULT_K, ROUTES, SEARCH_R1_DEFAULT_TOPK, RequestError, ServerLimits, hit_json, parse_retrieve, parse_rows,
-    parse_search, passage_json, search_r1_document, search_r1_result,
+    DEFAULT_K,
+    ROUTES,
+    SEARCH_R1_DEFAULT_TOPK,
+    RequestError,
+    ServerLimits,
+    hit_json,
+    parse_retrieve,
+    parse_rows,
+    parse_search,
+    passage_json,
+    search_r1_document,
+    search_r1_result,
 )
+from envs.types import Hit
 
 # ============================================================================== the server
 
@@ -81,7 +91,7 @@ class RetrievalServer(ThreadingHTTPServer):
         host = self.server_address[0]
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
-    def start(self) -> "RetrievalServer":
+    def start(self) -> RetrievalServer:
         self._thread = threading.Thread(target=self.serve_forever, name="retrieval-server", daemon=True)
         self._thread.start()
         return self
@@ -95,7 +105,7 @@ class RetrievalServer(ThreadingHTTPServer):
         self.server_close()
         self.batcher.close()
 
-    def __enter__(self) -> "RetrievalServer":
+    def __enter__(self) -> RetrievalServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 from envs.types import Hit, Passage
 
-
 DEFAULT_K = 5  # /search without "k" (the env's K)
 SEARCH_R1_DEFAULT_TOPK = 3  # /retrieve without "topk" (Search-R1's retrieval_server.py --topk default)
 ROUTES = {"/search": "POST", "/retrieve": "POST", "/passages": "POST", "/health": "GET"}

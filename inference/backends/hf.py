@@ -48,17 +48,18 @@ import inspect
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import prompt_token_ids
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
 from inference.backends.hf_cache import growing_cache_supported, merge_left_padded, new_growing_cache, prefill_groups
 from inference.backends.hf_session import HFSession
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 LOGPROBS_MODES = ("raw", "processed")
 

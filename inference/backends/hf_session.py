@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 
-from methods.llm import GenerationRequest, GenerationResult
 from inference.backends.hf_cache import (
     GrowingLayer,
     growing_cache_supported,
@@ -51,6 +50,7 @@ from inference.backends.hf_cache import (
     new_growing_cache,
     prefill_groups,
 )
+from methods.llm import GenerationRequest, GenerationResult
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 

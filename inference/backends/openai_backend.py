@@ -205,7 +205,8 @@ class OpenAIBackend(LLMBackend):
         client, semaphore = self._state()
         return await self._complete(client, semaphore, request)
 
-    async def _complete(self, client: Any, semaphore: asyncio.Semaphore, request: GenerationRequest) -> GenerationResult:
+    async def _complete(self, client: Any, semaphore: asyncio.Semaphore,
+                        request: GenerationRequest) -> GenerationResult:
         start = time.perf_counter()
         try:
             path, body = request_body(self.model, request, self.vllm_extensions)

@@ -29,8 +29,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 from inference.backends.chat import prompt_token_ids
+from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 INSTALL_HINT = (
     'vLLM is not installed. On a GPU machine: pip install -e ".[vllm]"; '

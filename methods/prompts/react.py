@@ -21,7 +21,10 @@ DYNAMIC_K = (
     "hard, fewer when the first results should suffice. " + _TOOLS_AND_ANSWER
 )
 
-DYNAMIC_K_PROMPT = "<retrieved>{n} passages found, ranked best first. How many of the top ones will you read?</retrieved>"
+DYNAMIC_K_PROMPT = (
+    "<retrieved>{n} passages found, ranked best first. "
+    "How many of the top ones will you read?</retrieved>"
+)
 
 SEEDS_REACT = (
     "Find the answer to the question by searching a Wikipedia index. Think briefly before each "
