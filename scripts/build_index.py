@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from envs.retrieval.corpus import load_corpus  # noqa: E402
 from envs.retrieval.encoders import DTYPES, load_encoder, resolve_dtype  # noqa: E402
 from envs.retrieval.index import META_FILE, MemoryBudgetError, build_index  # noqa: E402
-from envs.retrieval.index_memory import INDEX_NAMES, format_bytes, parse_bytes  # noqa: E402
+from envs.retrieval.index_memory import format_bytes, parse_bytes  # noqa: E402
+from envs.retrieval.index_types import INDEX_NAMES  # noqa: E402
 
 
 def parse_devices(text: str | None) -> list[str] | None:

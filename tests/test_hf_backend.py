@@ -15,8 +15,8 @@ import asyncio
 
 import pytest
 import torch
+from tiny_models import bpe_tokenizer, script_weights
 from tiny_models import tiny_llama as shared_tiny_llama
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from inference.backends import decoding, load_backend
@@ -36,14 +36,7 @@ CONTEXT = 96  # max_position_embeddings of the tiny models
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(TRAINING_TEXT * 20, trainer)
-    bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return bpe_tokenizer(TRAINING_TEXT, 400, repeats=20)
 
 
 def tiny_llama(tokenizer, init: float) -> LlamaForCausalLM:
@@ -64,19 +57,9 @@ def chain_ids(tokenizer) -> list[int]:
 
 @pytest.fixture(scope="module")
 def chain_lm(tokenizer, chain_ids):
-    model = tiny_llama(tokenizer, init=0.02)
-    with torch.no_grad():
-        for layer in model.model.layers:  # residual stream = token embedding
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
-        head.zero_()
-        successors = chain_ids[1:] + [tokenizer.eos_token_id]
-        for k, (token, successor) in enumerate(zip(chain_ids, successors)):
-            embed[token] = 0.0
-            embed[token, k] = 1.0  # orthonormal rows: the lm_head reads the current token exactly
-            head[successor, k] = 10.0
-    return model
+    assert len(set(chain_ids)) == len(chain_ids)  # one successor per token
+    successors = chain_ids[1:] + [tokenizer.eos_token_id]
+    return script_weights(tiny_llama(tokenizer, init=0.02), dict(zip(chain_ids, successors)), 10.0)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from tiny_models import STATES, TAGS, WORDS, tiny_llama, tiny_tokenizer
+from tiny_models import STATES, TAGS, WORDS, script_weights, tiny_llama, tiny_tokenizer
 
 from envs.config import EnvConfig
 from envs.protocol import CLOSING_TAGS
@@ -62,17 +62,7 @@ def script_lm(tokenizer):
         for a, b in pairwise(pieces):
             chain[_id(tokenizer, a)] = _id(tokenizer, b)
     chain[_id(tokenizer, "</answer>")] = tokenizer.eos_token_id
-    with torch.no_grad():
-        for layer in model.model.layers:  # residual stream = token embedding
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        embed, head = model.model.embed_tokens.weight, model.lm_head.weight
-        head.zero_()
-        for k, (token, successor) in enumerate(chain.items()):
-            embed[token] = 0.0
-            embed[token, k] = 1.0  # orthonormal rows: the lm_head reads the current token exactly
-            head[successor, k] = 2.0  # logit 16 after the RMSNorm (x8): near-certain, log-prob still < 0
-    return model
+    return script_weights(model, chain, 2.0)  # logit 16 after the RMSNorm (x8): near-certain, log-prob still < 0
 
 
 @pytest.fixture(scope="module")

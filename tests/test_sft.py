@@ -11,8 +11,8 @@ from itertools import pairwise
 import pytest
 import torch
 from fake_llm import FakeLLM
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from tiny_models import bpe_tokenizer
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from envs.config import EnvConfig
 from envs.protocol import CLOSING_TAGS, ExpandAction, parse_action
@@ -31,19 +31,9 @@ TAGS = ["<think>", "</think>", "<search>", "</search>", "<expand>", "</expand>",
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<pad>", "<s>", "</s>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     text = ([r1.SEEDS_R1] + [f"{title}: {body}" for _, title, body in PASSAGES]
             + list(scripted_teacher.THINK_TEXTS.values()))
-    bpe.train_from_iterator(text * 10, trainer)
-    bpe.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  clean_up_tokenization_spaces=False)
-    tok.add_tokens(TAGS)
-    return tok
+    return bpe_tokenizer(text, 700, added=TAGS, clean_up_tokenization_spaces=False)
 
 
 def tiny_llama(tokenizer) -> LlamaForCausalLM:

@@ -24,7 +24,7 @@ from envs.config import EnvConfig
 from envs.vector_env import SearchVectorEnv
 from inference.backends.vllm_backend import hf_state_items
 from methods.seeds import SeedsR1
-from tests.tiny_models import tiny_tokenizer
+from tests.tiny_models import script_weights, tiny_tokenizer
 from training import rollout_engine
 from training.config import ConfigError, LoraSettings, PPOConfig, VLLMSettings, load_config
 from training.models import wrap_models
@@ -89,17 +89,7 @@ def scripted(lm, tokenizer, strength: float = 1.0):
         for a, b in pairwise([state] + actions):
             chain[ids(a)] = ids(b)
     chain[ids("</answer>")] = tokenizer.eos_token_id
-    with torch.no_grad():
-        for layer in lm.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        embed, head = lm.model.embed_tokens.weight, lm.lm_head.weight
-        head.zero_()
-        for k, (token, successor) in enumerate(chain.items()):
-            embed[token] = 0.0
-            embed[token, k] = 1.0  # after the RMSNorm: 8 at position k
-            head[successor, k] = strength
-    return lm
+    return script_weights(lm, chain, strength)
 
 
 def frozen(module) -> dict[str, torch.Tensor]:

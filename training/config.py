@@ -7,9 +7,11 @@ Recipes and overrides are read by the project's one loader, :mod:`envs.typed_con
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.config import EnvConfig
 from envs.typed_config import (  # noqa: F401  (re-exported: the loader every entry point uses)
     ConfigError,
     from_dict,
@@ -166,6 +168,7 @@ class PPOConfig:
     wandb_project: str = "seeds-rl"
 
     def __post_init__(self) -> None:
+        check_env_overrides(self.env)
         choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"),
                    "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp"),
                    "report_to": ("none", "wandb"), "tis": ("none", "token", "sequence"),
@@ -199,3 +202,12 @@ class PPOConfig:
                 "(32 generated questions, random expansions) is no warm start for this model. Train the paper's "
                 "warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml --model ... "
                 "--teacher_llm ...), then pass --sft_checkpoint <its output_dir>/model (also when resuming)")
+
+
+def check_env_overrides(env: dict[str, Any]) -> None:
+    """``env:`` overrides name EnvConfig fields (or the old ``top_k``): a typo fails when the
+    config loads, not minutes later when the env is built."""
+    known = {f.name for f in dataclasses.fields(EnvConfig)} | {"top_k"}
+    unknown = sorted(set(env or {}) - known)
+    if unknown:
+        raise ConfigError(f"unknown env key(s) {['env.' + k for k in unknown]}; valid keys: {', '.join(sorted(known))}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from envs import typed_config
 from envs.config import EnvConfig
-from training.config import LoraSettings
+from training.config import LoraSettings, check_env_overrides
 from training.scripted_teacher import ScriptedTeacherConfig
 
 PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
@@ -79,6 +79,7 @@ class WarmStartConfig:
     eval_batch_size: int = 16
 
     def __post_init__(self) -> None:
+        check_env_overrides(self.env)
         if self.teacher not in ("scripted", "method"):
             raise ValueError(f"teacher must be 'scripted' or 'method', not {self.teacher!r}")
         self.scripted_teacher()  # validates the scripted teacher's settings

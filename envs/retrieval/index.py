@@ -1,6 +1,9 @@
 """Dense FAISS index over a corpus: a memory-budgeted, resumable streamed build and a
 device-aware searcher with optional exact re-ranking.
 
+The searcher (:class:`DenseIndex`) is here; the build (:func:`build_index`) is in
+:mod:`envs.retrieval.index_pipeline`, and its names are importable from here as well.
+
 An index directory holds:
 
 - ``embeddings.npy``: float32 ``(n, dim)`` passage embeddings, row i = corpus row i, written
@@ -24,12 +27,13 @@ Memory model. Embedding is streamed (a batch at a time). The index is trained on
 sample read from the file, then filled chunk by chunk into arrays reserved at their final size
 (:mod:`envs.retrieval.index_build`), so the build's peak is about ``baseline + max(training sample
 copies, finished index + one chunk)``. With ``memory_budget`` those sizes come from the budget
-and a type whose index cannot fit is refused before anything is encoded (formulas and
-bytes-per-vector table in :mod:`envs.retrieval.index_memory`). Searching holds the whole index in RAM:
-Flat/HNSW keep every vector (4 * dim bytes each, 64.6 GB for 21M x 768); IVF-PQ keeps m + 8
-bytes per vector and, with ``rerank=K'``, re-scores K' candidates exactly from the memory-mapped
-``embeddings.npy`` (:func:`envs.retrieval.rerank.rerank_exact`), which brings back most of the exact
-recall for the RAM of the compressed codes.
+and a type whose index cannot fit is refused before anything is encoded (formulas in
+:mod:`envs.retrieval.index_memory`, bytes-per-vector table in :mod:`envs.retrieval.index_types`).
+Searching holds the whole index in RAM: Flat/HNSW keep every vector (4 * dim bytes each, 64.6 GB
+for 21M x 768); IVF-PQ keeps m + 8 bytes per vector and, with ``rerank=K'``, re-scores K'
+candidates exactly from the memory-mapped ``embeddings.npy``
+(:func:`envs.retrieval.rerank.rerank_exact`), which brings back most of the exact recall for the
+RAM of the compressed codes.
 
 ``index_type`` is any FAISS factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ16"`` ...) or
 a name (``flat``, ``hnsw``, ``fp16``, ``sq8``, ``ivfflat``, ``ivf-sqfp16``, ``ivf-sq8``,
@@ -37,46 +41,47 @@ a name (``flat``, ``hnsw``, ``fp16``, ``sq8``, ``ivfflat``, ``ivf-sqfp16``, ``iv
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from envs.atomic import write_json_atomic
-from envs.retrieval.encoders import Encoder
+from envs.retrieval.embeddings_file import EmbeddingsFile  # noqa: F401  (re-exported)
 from envs.retrieval.index_build import fill_index, train_and_fill, train_rows  # noqa: F401  (re-exported)
 from envs.retrieval.index_embed import (  # noqa: F401  (re-exported)
     EMBEDDINGS_FILE,
     STATE_FILE,
-    EmbeddingsFile,
     auto_devices,
     encoder_identity,
     read_json,
 )
-from envs.retrieval.index_embed import embed_corpus as embed_to_file
 from envs.retrieval.index_memory import (  # noqa: F401  (re-exported)
-    INDEX_NAMES,
     MemoryBudgetError,
     current_rss_bytes,
-    estimate_index_bytes,
-    estimate_index_size,
     format_bytes,
     parse_bytes,
     peak_rss_bytes,
     plan_build,
+)
+from envs.retrieval.index_pipeline import (  # noqa: F401  (re-exported)
+    FORMAT_VERSION,
+    INDEX_FILE,
+    LOCK_FILE,
+    META_FILE,
+    build_index,
+    build_lock,
+    embed_corpus,
+    write_index_atomic,
+)
+from envs.retrieval.index_types import (  # noqa: F401  (re-exported)
+    INDEX_NAMES,
+    estimate_index_bytes,
+    estimate_index_size,
     resolve_index_type,
 )
 from envs.retrieval.rerank import rerank_exact
 
-INDEX_FILE = "index.faiss"
-META_FILE = "meta.json"
-LOCK_FILE = "build.lock"
-FORMAT_VERSION = 1
 DEFAULT_NPROBE = 32
 
 _train_rows = train_rows  # the old private name
@@ -84,40 +89,6 @@ _train_rows = train_rows  # the old private name
 
 class IndexMismatchError(ValueError):
     """An index was paired with a corpus (or encoder) other than the one it was built from."""
-
-
-# ----- small file helpers ---------------------------------------------------------------------
-
-
-def write_index_atomic(index: faiss.Index, path: Path) -> None:
-    """``faiss.write_index`` to a temp file, fsync, then rename over ``path``."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        faiss.write_index(index, str(tmp))
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def build_lock(out_dir: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``out_dir`` so two processes never build into it at once
-    (the second waits, then finds the index complete). A no-op where ``fcntl`` is missing."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        yield
-        return
-    with open(out_dir / LOCK_FILE, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def read_meta(index_dir: str | os.PathLike) -> dict:
@@ -129,137 +100,6 @@ def read_meta(index_dir: str | os.PathLike) -> dict:
             "build one with scripts/build_index.py or envs.retrieval.index.build_index"
         )
     return meta
-
-
-# ----- build ----------------------------------------------------------------------------------
-
-
-def embed_corpus(corpus, encoder: Encoder, out_dir: Path, batch_size: int = 256, resume: bool = True,
-                 on_batch: Callable[[int, int], None] | None = None, show_progress: bool = True,
-                 devices: Sequence[str] | None = None, encoder_options: dict | None = None) -> np.memmap:
-    """Stream passage embeddings into ``out_dir/embeddings.npy`` (resumable; one process per
-    device with two or more ``devices``); return the file as a read-only memmap. See
-    :func:`envs.retrieval.index_embed.embed_corpus`."""
-    result = embed_to_file(corpus, encoder, out_dir, batch_size, resume, on_batch, show_progress,
-                           devices=devices, encoder_options=encoder_options)
-    return np.load(result.path, mmap_mode="r")
-
-
-def _search_settings(rerank: int | None, nprobe: int | None) -> dict:
-    settings = {}
-    if rerank is not None:
-        if int(rerank) < 0:
-            raise ValueError(f"rerank must be >= 0 (0: off), not {rerank}")
-        settings["rerank"] = int(rerank)
-    if nprobe is not None:
-        if int(nprobe) < 1:
-            raise ValueError(f"nprobe must be >= 1, not {nprobe}")
-        settings["nprobe"] = int(nprobe)
-    return settings
-
-
-def build_index(corpus, encoder: Encoder, out_dir: str | os.PathLike, index_type: str = "Flat",
-                batch_size: int = 256, resume: bool = True, train_size: int = 100_000,
-                on_batch: Callable[[int, int], None] | None = None, show_progress: bool = True, *,
-                memory_budget: int | str | None = None, devices: Sequence[str] | None = None,
-                rerank: int | None = None, nprobe: int | None = None, add_chunk: int = 65_536,
-                encoder_options: dict | None = None) -> Path:
-    """Embed ``corpus`` with ``encoder`` and build a FAISS index in ``out_dir``; return ``out_dir``.
-
-    With ``resume`` (the default) a complete index with the same corpus, encoder and type is
-    reused as is (only ``rerank``/``nprobe`` are updated when given), stored embeddings are
-    reused for a new index type, and an interrupted embedding pass continues from its last
-    batch. ``resume=False`` starts from scratch.
-
-    ``memory_budget`` (bytes or ``"8GB"``/``"512MiB"``): peak RAM to stay within; the training
-    sample (at most ``train_size``), the add chunk (at most ``add_chunk``) and the encode batch
-    (at most ``batch_size``) are derived from it, and :class:`MemoryBudgetError` is raised
-    before encoding when the index cannot fit (:func:`envs.retrieval.index_memory.plan_build`).
-    ``devices``: e.g. ``["cuda:0", "cuda:1"]``: one encoder process per device over contiguous
-    shards (``["cpu", "cpu"]`` works too); None: every GPU when the encoder runs on CUDA, several
-    exist and the corpus has at least 100,000 rows, else this process. ``encoder_options``: extra
-    ``load_encoder`` keywords for those processes (e.g. ``trust_remote_code``).
-    ``rerank`` (K' candidates re-ranked exactly, 0 off) and ``nprobe`` are stored in meta.json
-    as the defaults of :meth:`DenseIndex.load`.
-    """
-    if len(corpus) == 0:
-        raise ValueError(f"corpus {corpus.path} is empty; nothing to index")
-    budget = parse_bytes(memory_budget)
-    search_settings = _search_settings(rerank, nprobe)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with build_lock(out_dir):
-        n_rows, dim = len(corpus), int(encoder.dim)
-        factory = resolve_index_type(index_type, n_rows, dim)
-        identity = {**encoder_identity(encoder, corpus), "factory": factory}
-        meta = read_json(out_dir / META_FILE)
-        if resume and meta and (out_dir / INDEX_FILE).exists() and all(meta.get(k) == v for k, v in identity.items()):
-            if any(meta.get(k) != v for k, v in search_settings.items()):
-                write_json_atomic({**meta, **search_settings}, out_dir / META_FILE)
-            return out_dir
-
-        if devices is None:
-            devices = auto_devices(encoder, n_rows)
-        devices = list(devices) if devices else None
-        processes = len(devices) if devices and len(devices) > 1 else 1
-        try:  # refuse before anything is encoded
-            plan = plan_build(factory, n_rows, dim, budget, train_size=train_size, batch_size=batch_size,
-                              add_chunk=add_chunk, processes=processes)
-        except MemoryBudgetError as err:
-            raise MemoryBudgetError(f"{err}. Nothing was encoded.") from None
-        with contextlib.suppress(FileNotFoundError):
-            (out_dir / META_FILE).unlink()  # the directory is incomplete until meta.json returns
-
-        embedded = embed_to_file(corpus, encoder, out_dir, plan.encode_batch, resume, on_batch, show_progress,
-                                 devices=devices, encoder_options=encoder_options)
-        embedded_at = time.perf_counter()
-        if budget is not None:  # the encoder may have grown (caches, CUDA context): plan again from now
-            encode_plan = plan
-            try:
-                plan = plan_build(factory, n_rows, dim, budget, train_size=train_size, batch_size=batch_size,
-                                  add_chunk=add_chunk)
-            except MemoryBudgetError as err:
-                raise MemoryBudgetError(
-                    f"after encoding, this process holds {format_bytes(current_rss_bytes())} (it held "
-                    f"{format_bytes(encode_plan.baseline_rss_bytes)} before: the encoder's memory). {err}. The "
-                    f"embeddings are stored in {out_dir / EMBEDDINGS_FILE}: run the build again (a fresh process "
-                    "reuses them without encoding) with a larger budget or another type"
-                ) from None
-            plan = dataclasses.replace(plan, encode_batch=encode_plan.encode_batch,
-                                       encode_bytes=encode_plan.encode_bytes)
-        with EmbeddingsFile(out_dir / EMBEDDINGS_FILE) as source:
-            index, trained_on = train_and_fill(source, factory, plan.train_rows, plan.add_chunk, show_progress)
-        write_index_atomic(index, out_dir / INDEX_FILE)
-        ntotal = int(index.ntotal)
-        del index
-        write_json_atomic({
-            **identity,
-            "format_version": FORMAT_VERSION,
-            "index_type": index_type,
-            "corpus_path": str(Path(corpus.path).resolve()),
-            "ntotal": ntotal,
-            "trained_on_rows": trained_on,
-            "rerank": search_settings.get("rerank", 0),
-            "nprobe": search_settings.get("nprobe"),
-            "faiss_version": faiss.__version__,
-            "embeddings_file": EMBEDDINGS_FILE,
-            "index_file": INDEX_FILE,
-            "memory_budget": None if memory_budget is None else str(memory_budget),
-            "memory_budget_bytes": budget,
-            "peak_rss_bytes": peak_rss_bytes(),
-            "estimated_index_bytes": plan.index_bytes,
-            "bytes_per_vector": plan.bytes_per_vector,
-            "build_plan": plan.as_dict(),
-            "rss_before_encoding_bytes": None if budget is None else encode_plan.baseline_rss_bytes,
-            "embedded_rows_this_run": embedded.rows_embedded,
-            "encode_devices": embedded.devices,
-            "encode_workers": embedded.workers,
-            "index_seconds": round(time.perf_counter() - embedded_at, 3),
-            "build_seconds": round(time.perf_counter() - started, 3),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }, out_dir / META_FILE)
-    return out_dir
 
 
 # ----- search ---------------------------------------------------------------------------------

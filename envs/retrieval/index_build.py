@@ -14,7 +14,7 @@ reserved at their final size before the first add:
   result is byte-identical to plain ``index.add`` calls.
 
 Other structures (HNSW links, fast-scan blocks) are filled with plain adds; the memory plan
-counts their growth. Rows are read through :func:`envs.retrieval.index_embed.as_row_source`: chunks and
+counts their growth. Rows are read through :func:`envs.retrieval.embeddings_file.as_row_source`: chunks and
 the row-sorted training sample come from the file with ``pread``, never the whole matrix.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import faiss
 import numpy as np
 
-from envs.retrieval.index_embed import as_row_source
+from envs.retrieval.embeddings_file import as_row_source
 
 
 def train_rows(n_rows: int, train_size: int, seed: int = 0) -> np.ndarray:
@@ -97,7 +97,7 @@ def _apply(chain: list, vectors: np.ndarray) -> np.ndarray:
 
 
 def fill_index(index: faiss.Index, embeddings, add_chunk: int = 65_536, show_progress: bool = False) -> None:
-    """Add every row of ``embeddings`` (array, path or :class:`~envs.retrieval.index_embed.EmbeddingsFile`)
+    """Add every row of ``embeddings`` (array, path or :class:`~envs.retrieval.embeddings_file.EmbeddingsFile`)
     to the trained ``index`` in chunks of ``add_chunk`` rows, with the reservations above."""
     from tqdm.auto import tqdm
 

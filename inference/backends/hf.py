@@ -56,7 +56,13 @@ import torch
 
 from inference.backends.chat import prompt_token_ids
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
-from inference.backends.hf_cache import growing_cache_supported, merge_left_padded, new_growing_cache, prefill_groups
+from inference.backends.hf_cache import (
+    growing_cache_supported,
+    keep_rows,
+    merge_left_padded,
+    new_growing_cache,
+    prefill_groups,
+)
 from inference.backends.hf_session import HFSession
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
@@ -265,9 +271,7 @@ class HFBackend(LLMBackend):
             if not keep:
                 return
             if len(keep) < len(live):  # finished rows leave the batch and the KV cache
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask, next_position, tokens = mask[index], next_position[index], tokens[index]
+                mask, next_position, tokens = keep_rows(cache, keep, mask, next_position, tokens)
                 live = [live[k] for k in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             logits = self._forward(tokens[:, None], mask, next_position, cache)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -120,3 +121,12 @@ def prefill_groups(lengths: list[int], slack: float = 0.1, min_slack: int = 16) 
             start = i
     groups.append((start, len(lengths)))
     return groups
+
+
+def keep_rows(cache: Any, keep: list[int], mask: torch.Tensor, next_position: torch.Tensor, tokens: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Shrink a decoding batch to the rows ``keep`` (finished rows leave it): the KV cache in place,
+    and the attention mask [b, width], next positions [b, 1] and last tokens [b] returned."""
+    index = torch.tensor(keep, device=mask.device)
+    cache.batch_select_indices(index)
+    return mask[index], next_position[index], tokens[index]

@@ -46,6 +46,7 @@ import torch
 from inference.backends.hf_cache import (
     GrowingLayer,
     growing_cache_supported,
+    keep_rows,
     merge_left_padded,
     new_growing_cache,
     prefill_groups,
@@ -153,9 +154,7 @@ class HFSession:
             if not keep:
                 return
             if len(keep) < len(live):  # finished rows leave the batch and the KV cache
-                index = torch.tensor(keep, device=backend.device)
-                cache.batch_select_indices(index)
-                mask, next_position, tokens = mask[index], next_position[index], tokens[index]
+                mask, next_position, tokens = keep_rows(cache, keep, mask, next_position, tokens)
                 live = [live[k] for k in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             logits = backend._forward(tokens[:, None], mask, next_position, cache)
