@@ -340,7 +340,8 @@ def test_one_ppo_update_with_the_vllm_engine(engine, tmp_path, retriever, exampl
         syncs.append((backend, engine_logprobs(backend, engine.ids), trainer_logprobs(policy, engine.ids)))
         return seconds
 
-    monkeypatch.setattr(rollout_engine, "sync_rollout_weights", spy)
+    for user in ("training.ppo", "training.ppo_setup"):  # where train() calls it: before rollouts, evaluations
+        monkeypatch.setattr(f"{user}.sync_rollout_weights", spy)
     result = train(cfg, retriever=retriever, examples=examples, eval_examples=examples[:1], models=models)
     # Synced before the first evaluation, before the update's rollouts and before the last evaluation,
     # always into the one engine of this process (the module's, same settings).
