@@ -1,5 +1,5 @@
-"""What a training run reads besides its model: the env config, the policy's prompt, the
-training and held-out questions, the retriever, and the stream of questions over updates."""
+"""What a training run reads besides its model: the env config, the training and held-out
+questions, the retriever, and the stream of questions over updates."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,6 @@ from envs.data import load_qa
 from envs.default_questions import generate_default_questions
 from envs.retrieval.defaults import open_run_retriever
 from training.config import PPOConfig
-from training.trajectories import seeds_r1_prompt_fn
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,12 +30,7 @@ def load_env_config(cfg: PPOConfig) -> EnvConfig:
     return EnvConfig.from_dict(values)
 
 
-def prompt_fn_for(env_config: EnvConfig):
-    """The exact SEEDS-R1 prompt, stating the env's own limits."""
-    return seeds_r1_prompt_fn(env_config)
-
-
-def load_questions(cfg: PPOConfig) -> tuple[list, list]:
+def load_train_and_held_out(cfg: PPOConfig) -> tuple[list, list]:
     """(training, held-out evaluation) questions; held-out ones never repeat a training question."""
     if cfg.data:
         everything = load_qa(cfg.data)

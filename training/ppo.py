@@ -191,8 +191,7 @@ def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
                                                            cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
-    extras = {"kl_old": kl_old, "overlong": overlong, "tis": tis_stats, "recompute": recompute,
-              "with_reference": with_reference}
+    extras = {"kl_old": kl_old, "overlong": overlong, "tis": tis_stats}
     return batch, extras
 
 
@@ -269,7 +268,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
     tokens = max(sums["tokens"], 1.0)
     actor_mean = (lambda key: sums[key] / tokens) if train_actor else (lambda key: math.nan)
     critic_mean = (lambda key: sums[key] / tokens) if run.critic is not None else (lambda key: math.nan)
-    with_reference, tis = extras["with_reference"], extras["tis"]
+    with_reference, recompute, tis = run.cfg.kl_coef > 0, run.cfg.old_logprobs == "recompute", extras["tis"]
     stats = {k: v for k, v in rollout_stats(episodes).items() if k in ROLLOUT_KEYS}
     stats.update({
         "kl": float(masked_mean(batch["old_logp"] - batch["ref_logp"], mask)) if with_reference else math.nan,
@@ -280,7 +279,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         "explained_variance": (float(explained_variance(batch["old_values"], batch["returns"], mask))
                                if run.critic is not None else math.nan),
         "sampler_logp_gap": (float(masked_mean((batch["sampler_logp"] - batch["old_logp"]).abs(), mask))
-                             if extras["recompute"] else gap[0] / gap[1] if gap[1] else math.nan),
+                             if recompute else gap[0] / gap[1] if gap[1] else math.nan),
         "advantage_mean": float(masked_mean(batch["advantages"], mask)),
         "tis_weight_mean": float(tis["weight_mean"]) if tis else math.nan,
         **{f"dynamic_{k}": v for k, v in extras.get("dynamic", {}).items()},

@@ -18,10 +18,11 @@ from training.checkpoint import load_latest
 from training.config import PPOConfig, save_resolved, to_dict
 from training.cpu_threads import use_all_cores
 from training.distributed import check_process_count, configure_deepspeed, make_accelerator, uses_deepspeed
-from training.inputs import load_env_config, load_questions, load_retriever, prompt_fn_for
+from training.inputs import load_env_config, load_retriever, load_train_and_held_out
 from training.models import build_models
 from training.ppo_report import evaluate_policy
 from training.rollout_engine import build_rollout_backend, sync_rollout_weights
+from training.trajectories import seeds_r1_prompt_fn
 
 
 def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.Tensor | None:
@@ -119,7 +120,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     cfg, resume_from = resume_point(cfg)
     retriever = retriever if retriever is not None else load_retriever(cfg)
     if examples is None or eval_examples is None:
-        loaded_train, loaded_eval = load_questions(cfg)
+        loaded_train, loaded_eval = load_train_and_held_out(cfg)
         examples = loaded_train if examples is None else examples
         eval_examples = loaded_eval if eval_examples is None else eval_examples
     if models is None:
@@ -136,7 +137,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     env_config = load_env_config(cfg)
     run = Run(cfg=cfg, accelerator=accelerator, out=out, retriever=retriever, examples=examples,
               eval_examples=eval_examples, models=models, env_config=env_config,
-              prompt_fn=prompt_fn_for(env_config), local_questions=cfg.questions_per_update // W,
+              prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.questions_per_update // W,
               choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device))
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase

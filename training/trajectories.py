@@ -77,8 +77,8 @@ def example_of(record: dict) -> QAExample:
 
 
 def seeds_r1_prompt_fn(env_config: EnvConfig | None = None) -> Callable[[str], str]:
-    """The SEEDS-R1 prompt stating ``env_config``'s limits and expand form, exactly as the PPO
-    trainer prompts the policy in that env (``training.inputs.prompt_fn_for``)."""
+    """The SEEDS-R1 prompt stating ``env_config``'s limits and expand form: the one the PPO trainer
+    and the SFT warm start prompt the policy with in that env."""
     return SeedsR1.for_env(env_config or EnvConfig()).prompt
 
 
