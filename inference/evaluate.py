@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ from envs.atomic import write_json_atomic
 from envs.config import EnvConfig
 from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
-from envs.typed_config import ConfigError, read_recipe
+from envs.typed_config import ConfigError, merge_values, read_recipe
 from inference.backends import load_backend
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
+from methods.base import split_env_limits
 from methods.runner import run_questions_sync
 
 DEFAULT_LLM = "hf:gemma3-270m"
@@ -74,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus", help="corpus file, when it moved since the index was built")
     parser.add_argument("--retriever", metavar="URL", help="a retrieval server (python -m envs.retrieval.server), e.g. "
                                                            "http://127.0.0.1:8000, instead of --index")
-    parser.add_argument("--env-config", help="YAML env recipe (the method then sets its own mode and limits)")
+    parser.add_argument("--env-config", help="YAML env recipe over the method's paper limits (see --env)")
+    parser.add_argument("--env", action="append", metavar="KEY=VALUE",
+                        help="an env setting over the method's paper limits and --env-config, e.g. "
+                             "candidates_per_search=3, max_obs_tokens=2400, preview.max_tokens=40 (repeatable)")
     parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
     parser.add_argument("--seed", type=int, default=0)
@@ -160,8 +165,13 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
 
 
 def build_method(args: argparse.Namespace):
-    """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason."""
-    options = parse_options(args.method_option, "--method-option")
+    """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason.
+    Options that are env limits now (``k=3``) are read as ``--env`` settings, with a deprecation note."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        options, _ = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
+    for warning in caught:
+        print(f"note: {warning.message}", file=sys.stderr)
     if args.variant:
         if options.get("variant", args.variant) != args.variant:
             raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
@@ -172,10 +182,37 @@ def build_method(args: argparse.Namespace):
         raise SystemExit(f"--method {args.method}: {err}") from err
 
 
+def build_env(args: argparse.Namespace, method) -> EnvConfig:
+    """The run's env: the method's paper limits, then ``--env-config``, then old limit options
+    (``--method-option k=3``), then ``--env``; the method's protocol settings last
+    (:meth:`methods.base.Method.env_config`). A contradiction or a bad key exits with the reason."""
+    try:
+        recipe = read_recipe(Path(args.env_config)) if args.env_config else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # build_method already warned
+            _, old_limits = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
+        overrides = merge_values(merge_values(recipe, old_limits), nest_dotted(parse_options(args.env, "--env")))
+        return method.env_config(overrides)
+    except (ConfigError, FileNotFoundError, ValueError, TypeError) as err:
+        raise SystemExit(f"env: {err}") from err
+
+
+def nest_dotted(options: dict[str, Any]) -> dict[str, Any]:
+    """``{"preview.max_tokens": 40}`` -> ``{"preview": {"max_tokens": 40}}``."""
+    nested: dict[str, Any] = {}
+    for key, value in options.items():
+        *sections, name = key.split(".")
+        target = nested
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[name] = value
+    return nested
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     method = build_method(args)
-    base_env = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
-    config = run_config(args, method, method.env_config(base_env))
+    base_env = build_env(args, method)
+    config = run_config(args, method, base_env)
     out = Path(args.out)
     done = prepare_run_dir(out, config, args.overwrite)
     examples = load_examples(args)

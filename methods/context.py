@@ -6,11 +6,13 @@ validity). The runner turns the trace and the env's episode summary into one pre
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.episode import SearchRecord
 from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
@@ -37,6 +39,9 @@ class StepOutcome:
     hits: list[Hit] = field(default_factory=list)  # the latest search's candidates (rank order)
     expanded: list[int] = field(default_factory=list)  # candidate numbers opened by this expand
     done: bool = False
+    # The passages this step's observation showed (an expand's, or a prefix search's), each with the
+    # text as shown (cut where the observation cap cut it): what a method hands a reader.
+    shown: list[Hit] = field(default_factory=list)
 
 
 class QuestionContext:
@@ -106,6 +111,8 @@ class QuestionContext:
         """
         if self.done:
             raise EpisodeOver(f"the episode already ended ({self.finish_reason})")
+        before = self.env.episode.latest
+        shown_before = set(before.shown) if before is not None else set()
         observation, _, terminated, truncated, info = await self._steps.step(self.env, action, hits=hits)
         valid = info["action"] != "invalid"
         if info["action"] == "search":
@@ -120,6 +127,7 @@ class QuestionContext:
             hits=list(record.hits) if record is not None else [],
             expanded=list(record.expanded) if (record is not None and info["action"] == "expand") else [],
             done=terminated or truncated,
+            shown=shown_passages(record, shown_before if record is before else set()),
         )
         self.trace.append({"type": "env", "action": action, "observation": observation, "kind": info["action"],
                            **({"invalid_reason": outcome.reason} if not valid else {})})
@@ -185,6 +193,16 @@ class QuestionContext:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+def shown_passages(record: SearchRecord | None, already: set[int]) -> list[Hit]:
+    """The passages the latest step's observation concerns (``record``'s candidates not in
+    ``already``), in order, each with its text as the env showed it (a passage read earlier in the
+    episode: as it was shown then); passages the observation cap cut off entirely are left out."""
+    if record is None:
+        return []
+    return [dataclasses.replace(record.hits[number - 1], text=text)
+            for number, text in record.shown.items() if number not in already and text]
 
 
 def _prompt_for_trace(prompt: Prompt) -> Any:

@@ -8,10 +8,8 @@ metrics.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 
-from envs.config import EnvConfig
 from envs.types import Hit
 from methods.base import require_choice
 from methods.context import QuestionContext
@@ -21,17 +19,17 @@ ADMISSIONS = ("prefix", "preview")
 SELECT_TOKENS = 24
 
 
-def admission_env(base: EnvConfig, admission: str, k: int, max_searches: int) -> EnvConfig:
-    """The env for a method that makes up to ``max_searches`` searches of top-``k`` under ``admission``.
+def admission_protocol(admission: str, max_searches: int) -> dict:
+    """What the env of a method that makes up to ``max_searches`` searches under ``admission`` must be
+    (the method's ``fixed_env``; K and the observation cap stay the env's).
 
     Repeated queries are allowed (parallel or iterative sub-queries may coincide); in preview mode
     every search is followed by one expand, so the action budget is two per search plus the answer.
     """
     require_choice("admission", admission, ADMISSIONS)
     per_search = 2 if admission == "preview" else 1
-    return dataclasses.replace(base, admission=admission, candidates_per_search=k, max_expand=k, require_expand=True,
-                               max_searches=max_searches, max_actions=per_search * max_searches + 1,
-                               duplicate_query="allow")
+    return {"admission": admission, "require_expand": True, "max_searches": max_searches,
+            "max_actions": per_search * max_searches + 1, "duplicate_query": "allow"}
 
 
 def parse_selection(text: str, n_candidates: int) -> list[int] | None:
@@ -102,11 +100,13 @@ async def gather_evidence(ctx: QuestionContext, queries: list[str], admission: s
             if not outcome.valid or outcome.done:
                 read.append([])
                 continue
+            # What is read is what the env showed (text cut by the observation cap, passages read
+            # earlier in the episode left out): exactly what doc_tokens counts.
             if admission == "prefix" or not outcome.observation.startswith("<snapshot>") or not outcome.hits:
-                read.append(list(outcome.hits) if admission == "prefix" else [])
+                read.append(list(outcome.shown) if admission == "prefix" else [])
                 continue
             purpose = purposes[i] if purposes else f"find evidence for: {query}"
             chosen = await choose_candidates(ctx, outcome.observation, len(outcome.hits), purpose)
             opened = await ctx.expand(chosen)
-            read.append([outcome.hits[j - 1] for j in opened.expanded] if opened.valid else [])
+            read.append(list(opened.shown) if opened.valid else [])
     return read

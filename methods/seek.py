@@ -33,12 +33,12 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register, require_choice
+from methods.base import Method, paper_limits, register, require_choice
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_env, gather_evidence, searches_left
+from methods.evidence import ADMISSIONS, admission_protocol, gather_evidence, searches_left
 from methods.parsing import extract_answer, last_tag
 from methods.prompts import format_docs
 from methods.prompts import seek as prompts
@@ -186,7 +186,7 @@ class Seek(Method):
 
     variant: str = "full"
     admission: str = "prefix"  # or "preview": open only the candidates the model chooses
-    k: int = 5  # documents per sub-query
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # documents per sub-query
     max_rounds: int = 10  # retrieval rounds at most
     max_slots: int = 6  # gists beyond this are dropped (noted)
     doc_chars: int = 800  # characters of each document shown to the refine call
@@ -199,13 +199,13 @@ class Seek(Method):
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
         require_choice("admission", self.admission, ADMISSIONS)
-        for name in ("k", "max_rounds", "max_slots"):
+        for name in ("max_rounds", "max_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
+    def fixed_env(self) -> dict:
         searches = {"parallel_filling": self.max_slots, "no_iter_retrieval": 1}.get(self.variant, self.max_rounds)
-        return admission_env(base, self.admission, self.k, max_searches=searches)
+        return admission_protocol(self.admission, max_searches=searches)
 
     async def run(self, ctx: QuestionContext) -> None:
         ctx.stats.update(variant=self.variant, slots=0, slots_filled=0, rounds=0, stop="")
