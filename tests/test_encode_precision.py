@@ -109,7 +109,8 @@ def test_queries_are_encoded_in_the_precision_of_the_index(tmp_path, corpus, mon
     loaded = Retriever.from_dir(out, device="cpu")
     assert asked["dtype"] == "bfloat16" and asked["max_length"] == 128 and asked["name"] == "hash:64"
     assert loaded.encoder.settings["dtype"] == "bfloat16"
-    Retriever.from_dir(out, device="cpu", dtype="float32")  # an explicit choice wins ...
+    with pytest.warns(UserWarning, match="load the encoder with dtype='bfloat16'"):
+        Retriever.from_dir(out, device="cpu", dtype="float32")  # an explicit choice wins, with a warning
     assert asked["dtype"] == "float32"
     with pytest.warns(UserWarning, match="queries are encoded in float32 but .* passages encoded in bfloat16"):
         Retriever(corpus, PrecisionHash("float32"), DenseIndex.load(out, corpus))  # ... with a warning
