@@ -15,7 +15,7 @@ bfloat16 on a CPU with native bfloat16, float32 on other CPUs, float16 on CUDA).
   top-1 agreement and the fraction of questions whose ordered top-5 lists are identical.
 
 The two full-corpus indexes are the cached default indexes (``default_index_dir``; built here
-when missing: about 4.5 min for float32 and 1.5 min for bfloat16 on 2 cores).
+when missing: about 4 min for float32 and 1.7 min for bfloat16 on 2 cores).
 
     python scripts/bench_encode.py [--passages 2048] [--questions 500] [--device cpu]
 

@@ -2,8 +2,8 @@
 
 The first call embeds the default corpus (12,372 passages) into ``cache_dir("indexes", ...)``,
 after a one-line notice of what it is doing and how long it should take (timed on a sample of
-the corpus): with MiniLM on a two-core CPU, about 1.5 minutes in bfloat16 (chosen where the
-CPU computes it natively, see :func:`envs.retrieval.encoders.resolve_dtype`), about 4.5 in
+the corpus): with MiniLM on a two-core CPU, about 1.7 minutes in bfloat16 (chosen where the
+CPU computes it natively, see :func:`envs.retrieval.encoders.resolve_dtype`), about 4 in
 float32. Later calls, in any process, load it in seconds. The folder name carries the encoder,
 its precision, the index type and the corpus fingerprint, so a changed corpus or precision gets
 a fresh index instead of a mismatched one. Concurrent first calls are safe: the build holds a
