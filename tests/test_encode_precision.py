@@ -145,8 +145,8 @@ def test_the_estimate_scales_the_timed_sample_to_the_corpus(corpus, monkeypatch)
     clock = iter([10.0, 12.0])
     monkeypatch.setattr(defaults.time, "perf_counter", lambda: next(clock))
     encoder = PrecisionHash("float32")
-    assert defaults.estimate_embed_seconds(corpus, encoder, sample=8) == pytest.approx(2.0 * len(corpus) / 8)
-    assert encoder.passages_encoded == 8 + 8  # the warm-up, then the timed sample
+    assert defaults.estimate_embed_seconds(corpus, encoder, sample=8, warm_up=3) == pytest.approx(2.0 * len(corpus) / 8)
+    assert encoder.passages_encoded == 3 + 8  # the warm-up, then the timed sample
     line = defaults.build_notice(corpus, encoder, corpus.path.parent / "idx", seconds=150.0)
     assert "about 2.5 min on this machine" in line and "\n" not in line
 
