@@ -195,7 +195,7 @@ def test_malformed_supporting_facts_name_the_line(tmp_path):
 def test_proxy_positives_warn_once_per_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(data_module, "_WARNED_PROXY", set())
     bare = write_jsonl(tmp_path / "bare.jsonl", [FLASHRAG_ROWS[0]])
-    with pytest.warns(data_module.ProxyPositivesWarning, match="all 1 questions have no labelled positives .* answer-bearing proxy"):
+    with pytest.warns(data_module.ProxyPositivesWarning, match="all 1 questions have no labelled positives .* proxy"):
         load_qa(bare)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second load of the same dataset in the run stays quiet
