@@ -218,8 +218,7 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     where = f" [shard {shard}]" if shard.sharded else ""
     print(f"{args.method}{where}: {len(mine)} questions, {len(mine) - len(todo)} already done, {len(todo)} to run "
           f"-> {out}", file=sys.stderr)
-    if shard.sharded:
-        write_plan(out, ids)
+    write_plan(out, ids)
     if todo:
         run_shard(args, config, method, base_env, todo, own, position=shard.local_rank if shard.sharded else None)
     records, missing = merge_run(out, ids)

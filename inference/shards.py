@@ -12,7 +12,8 @@ file of the folder (``predictions.jsonl`` or any shard, of any world size) is sk
 killed launch resumes, with the same or another number of processes or a single one. The process
 that finishes last finds every question answered and merges, under a file lock: it writes
 ``predictions.jsonl`` atomically (the question list's order), removes the shards and computes
-``metrics.json`` over the question list, the same numbers a single process gives.
+``metrics.json`` over the question list (``questions.json``), the same numbers a single
+process gives.
 
 No process group is created: ranks never talk to each other, only through the folder. Under a
 launcher (``RANK``/``WORLD_SIZE`` set by torchrun or ``accelerate launch``) each process is given
@@ -156,18 +157,19 @@ def clear_shards(out: Path) -> None:
     """Remove the shard files and the question plan (``--overwrite``; after a merge)."""
     for path in shard_files(out):
         path.unlink(missing_ok=True)
-    (out / SHARD_DIR / PLAN_FILE).unlink(missing_ok=True)
+    (out / PLAN_FILE).unlink(missing_ok=True)
 
 
 def write_plan(out: Path, ids: Sequence[str]) -> None:
-    """Record the run's question list, so that ``--merge`` needs nothing but the folder."""
-    write_json_atomic({"ids": list(ids)}, out / SHARD_DIR / PLAN_FILE)
+    """Record the run's question list (kept after merging), so that ``--merge`` needs nothing but
+    the folder."""
+    write_json_atomic({"ids": list(ids)}, out / PLAN_FILE)
 
 
 def read_plan(out: Path) -> list[str]:
-    path = out / SHARD_DIR / PLAN_FILE
+    path = out / PLAN_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{out}: no sharded run to merge ({path} is missing)")
+        raise FileNotFoundError(f"{out}: no run to merge ({path} is missing)")
     return list(json.loads(path.read_text())["ids"])
 
 
@@ -196,5 +198,6 @@ def merge_run(out: Path, ids: Sequence[str]) -> tuple[list[dict], list[str]]:
             wanted = set(ids)
             merged = [records[i] for i in ids] + [r for i, r in records.items() if i not in wanted]
             write_jsonl_atomic(merged, out / "predictions.jsonl")
-            clear_shards(out)
+            for path in shard_files(out):
+                path.unlink()
         return [records[i] for i in ids if i in records], missing
