@@ -113,10 +113,11 @@ def pin_devices(shard: Shard, environ: MutableMapping[str, str] | None = None) -
     Call it before anything initialises CUDA.
     """
     environ = os.environ if environ is None else environ
-    launched = int(environ.get("WORLD_SIZE", "1") or 1) > 1
+    if "WORLD_SIZE" not in environ:  # not under a launcher: nothing to undo, the user chose the devices
+        return []
     for name in LAUNCHER_VARS:
         environ.pop(name, None)
-    if not launched or shard.local_world <= 1:
+    if shard.local_world <= 1:
         return []
     gpus = _gpu_ids(environ)
     if not gpus:
