@@ -4,11 +4,14 @@
         --llm hf:/models/qwen --index indexes/wiki18-e5 --out runs/seeds-react-hotpot
     python -m inference.evaluate --method vanilla-rag --limit 20 --out runs/rag   # embedded default
     python -m inference.evaluate --compare runs/rag runs/seeds-react
+    accelerate launch --multi_gpu --num_processes 8 -m inference.evaluate ...   # data-parallel: one engine per GPU
 
 Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
 generated from the Wikipedia-summaries corpus, Gemma 3 270M (hf backend) and the default MiniLM
 index (built on first use). Predictions are appended to ``<out>/predictions.jsonl`` as they
 finish, so a killed run resumes where it stopped; ``metrics.json`` and ``config.json`` sit beside.
+Under a launcher (or with ``--shard i/n``) each process runs its shard of the questions into the
+same folder (:mod:`inference.shards`).
 """
 from __future__ import annotations
 
@@ -33,6 +36,17 @@ from envs.typed_config import ConfigError, merge_values, read_recipe
 from inference.backends import load_backend
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
+from inference.shards import (
+    clear_shards,
+    merge_run,
+    pin_devices,
+    predictions_file,
+    read_plan,
+    resolve_shard,
+    run_records,
+    shard_files,
+    write_plan,
+)
 from methods.base import split_env_limits
 from methods.runner import run_questions_sync
 
@@ -88,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without a key)")
     parser.add_argument("--wandb-project", default="seeds-rl")
     parser.add_argument("--compare", nargs="+", metavar="RUN", help="print these runs' metrics side by side")
+    parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based) of the questions into --out "
+                                                       "(under torchrun / accelerate launch: from RANK/WORLD_SIZE)")
+    parser.add_argument("--merge", action="store_true", help="merge the shards of --out into predictions.jsonl and "
+                                                             "write metrics.json (the last shard to finish does it)")
     return parser
 
 
@@ -110,8 +128,10 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"{args.config}: unknown option(s) {sorted(unknown)}")
         parser.set_defaults(**{k.replace("-", "_"): v for k, v in recipe.items()})
         args = parser.parse_args(argv)
-    if not args.compare and (not args.method or not args.out):
-        parser.error("--method and --out are required (or --compare RUN [RUN ...])")
+    if args.merge and not args.out:
+        parser.error("--merge needs --out")
+    if not args.compare and not args.merge and (not args.method or not args.out):
+        parser.error("--method and --out are required (or --compare RUN [RUN ...], or --merge --out RUN)")
     return args
 
 
@@ -154,6 +174,7 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
     if overwrite:
         for name in ("predictions.jsonl", "metrics.json", "config.json"):
             (out / name).unlink(missing_ok=True)
+        clear_shards(out)
     elif config_path.exists():
         previous, current = json.loads(config_path.read_text()), json.loads(json.dumps(config))
         if previous != current:
@@ -209,38 +230,81 @@ def nest_dotted(options: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def evaluate(args: argparse.Namespace) -> dict:
+def evaluate(args: argparse.Namespace) -> dict | None:
+    """Run (or resume) this process's shard of the questions; the process that completes the run
+    merges the shards and returns the metrics (None from the others)."""
+    try:
+        shard = resolve_shard(args.shard)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    if shard.sharded and args.overwrite:
+        raise SystemExit(f"--overwrite with {shard.world} processes would race between them: clear the run once "
+                         f"(rm -r {args.out}) or use another --out")
+    pin_devices(shard)  # before any engine touches CUDA
     method = build_method(args)
     base_env = build_env(args, method)
     config = run_config(args, method, base_env)
     out = Path(args.out)
-    done = prepare_run_dir(out, config, args.overwrite)
+    prepare_run_dir(out, config, args.overwrite)
     examples = load_examples(args)
-    wanted = {e.id for e in examples}
-    done = [r for r in done if r["id"] in wanted]
-    todo = [e for e in examples if e.id not in {r["id"] for r in done}]
-    print(f"{args.method}: {len(examples)} questions, {len(done)} already done, {len(todo)} to run -> {out}",
-          file=sys.stderr)
+    ids = [e.id for e in examples]
+    own = predictions_file(out, shard)
+    done = {r["id"] for r in run_records(out, own)}
+    mine = shard.take(examples)
+    todo = [e for e in mine if e.id not in done]
+    where = f" [shard {shard}]" if shard.sharded else ""
+    print(f"{args.method}{where}: {len(mine)} questions, {len(mine) - len(todo)} already done, {len(todo)} to run "
+          f"-> {out}", file=sys.stderr)
+    write_plan(out, ids)
     if todo:
-        llm = load_backend(args.llm or DEFAULT_LLM, **config["llm_options"])
-        retriever = load_retriever(args)
-        bar = tqdm(total=len(todo), desc=args.method, unit="q")
-        with PredictionWriter(out / "predictions.jsonl", {r["id"] for r in done}) as writer:
-            def on_result(record: dict) -> None:
-                writer.write(record)
-                bar.update(1)
+        run_shard(args, config, method, base_env, todo, own, position=shard.local_rank if shard.sharded else None)
+    records, missing = merge_run(out, ids)
+    if missing:
+        print(f"{args.method}{where}: done; {len(missing)} questions are still running in other shards (the last "
+              f"process to finish merges; or run --merge --out {out})", file=sys.stderr)
+        return None
+    return finish_run(args, config, records)
 
-            run_questions_sync(method, todo, llm, retriever, base_env, concurrency=args.concurrency,
-                               seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result)
-        bar.close()
-        llm.close()
-    records = [r for r in load_predictions(out / "predictions.jsonl") if r["id"] in wanted]
+
+def run_shard(args: argparse.Namespace, config: dict, method, base_env, todo: list, path: Path,
+              position: int | None = None) -> None:
+    """Run ``todo`` and append their predictions to ``path`` as they finish."""
+    llm = load_backend(args.llm or DEFAULT_LLM, **config["llm_options"])
+    retriever = load_retriever(args)
+    bar = tqdm(total=len(todo), desc=args.method, unit="q", position=position)
+    with PredictionWriter(path, {r["id"] for r in load_predictions(path)}) as writer:
+        def on_result(record: dict) -> None:
+            writer.write(record)
+            bar.update(1)
+
+        run_questions_sync(method, todo, llm, retriever, base_env, concurrency=args.concurrency,
+                           seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result)
+    bar.close()
+    llm.close()
+
+
+def finish_run(args: argparse.Namespace, config: dict, records: list[dict]) -> dict:
+    """``metrics.json`` of the run's records (in question order), the printed table, W&B."""
     metrics = summarize(records)
-    write_json_atomic(metrics, out / "metrics.json")
-    print(format_table({args.method: metrics}))
+    write_json_atomic(metrics, Path(args.out) / "metrics.json")
+    print(format_table({config["method"]: metrics}))
     if args.wandb:
         log_to_wandb(args, config, metrics, records)
     return metrics
+
+
+def merge(args: argparse.Namespace) -> dict:
+    """``--merge``: the run's shards into ``predictions.jsonl`` and its ``metrics.json``."""
+    out = Path(args.out)
+    try:
+        ids = read_plan(out)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from err
+    records, missing = merge_run(out, ids)
+    if missing:
+        raise SystemExit(f"{out}: {len(missing)} of {len(ids)} questions have no prediction yet (e.g. {missing[:3]}); "
+                         "run the launch again (it resumes) before merging")
+    return finish_run(args, json.loads((out / "config.json").read_text()), records)
 
 
 def log_to_wandb(args: argparse.Namespace, config: dict, metrics: dict, records: list[dict]) -> None:
@@ -269,8 +333,8 @@ def compare(runs: list[str]) -> str:
         path = Path(run) / "metrics.json"
         if path.exists():
             rows[Path(run).name] = with_current_names(json.loads(path.read_text()))
-        elif (Path(run) / "predictions.jsonl").exists():  # an unfinished run: summarise what is there
-            rows[Path(run).name] = summarize(load_predictions(Path(run) / "predictions.jsonl", repair=False))
+        elif (Path(run) / "predictions.jsonl").exists() or shard_files(Path(run)):  # unfinished: what is there
+            rows[Path(run).name] = summarize(run_records(Path(run)))
         else:
             raise SystemExit(f"{run}: no metrics.json or predictions.jsonl")
     return format_table(rows)
@@ -280,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     args = resolve_args(argv)
     if args.compare:
         print(compare(args.compare))
+        return 0
+    if args.merge:
+        merge(args)
         return 0
     evaluate(args)
     return 0
