@@ -30,6 +30,8 @@ from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import ConfigError, read_recipe
 from inference.backends import load_backend
+from inference.backends.chat import THINKING_MODES, thinking_setting
+from methods.budgets import PRESETS, budget_options
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
 from methods.runner import run_questions_sync
@@ -63,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
                                           "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
                                           "no_parallel, no_disentanglement (same as --method-option variant=...)")
+    parser.add_argument("--budget", choices=PRESETS, help="generation-budget preset: small (the methods' defaults), "
+                        "paper (the papers' settings), thinking (reasoning models); --method-option values win")
+    parser.add_argument("--thinking", choices=tuple(THINKING_MODES), default="auto",
+                        help="the chat template's enable_thinking switch: on, off, or auto (the template's default)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
     parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
     parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS})")
@@ -111,7 +117,8 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_config(args: argparse.Namespace, method, env_config) -> dict:
-    """What defines the run; a resumed run must match it."""
+    """What defines the run; a resumed run must match it (budget and thinking only when set, so
+    runs from before those flags still resume)."""
     return {
         "method": args.method,
         "method_options": method.options(),
@@ -124,6 +131,8 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
         "env": dataclasses.asdict(env_config),
         "seed": args.seed,
         "max_llm_calls": args.max_llm_calls,
+        **({"budget": args.budget} if args.budget else {}),
+        **({"thinking": args.thinking} if args.thinking != "auto" else {}),
     }
 
 
@@ -160,16 +169,26 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
 
 
 def build_method(args: argparse.Namespace):
-    """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason."""
+    """The method with its ``--budget`` preset, ``--method-option`` values (which win over the preset)
+    and ``--variant``; bad options exit with the reason."""
     options = parse_options(args.method_option, "--method-option")
     if args.variant:
         if options.get("variant", args.variant) != args.variant:
             raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
         options["variant"] = args.variant
     try:
-        return methods.get(args.method, **options)
+        return methods.get(args.method, **budget_options(args.budget, args.method, options))
     except (KeyError, TypeError, ValueError) as err:
         raise SystemExit(f"--method {args.method}: {err}") from err
+
+
+def backend_options(args: argparse.Namespace, llm_options: dict) -> dict:
+    """``--llm-option`` values plus ``--thinking`` (set in one place only)."""
+    if args.thinking == "auto":
+        return dict(llm_options)
+    if "thinking" in llm_options and thinking_setting(llm_options["thinking"]) != THINKING_MODES[args.thinking]:
+        raise SystemExit(f"--thinking {args.thinking} contradicts --llm-option thinking={llm_options['thinking']}")
+    return {**llm_options, "thinking": args.thinking}
 
 
 def evaluate(args: argparse.Namespace) -> dict:
@@ -185,7 +204,10 @@ def evaluate(args: argparse.Namespace) -> dict:
     print(f"{args.method}: {len(examples)} questions, {len(done)} already done, {len(todo)} to run -> {out}",
           file=sys.stderr)
     if todo:
-        llm = load_backend(args.llm or DEFAULT_LLM, **config["llm_options"])
+        try:
+            llm = load_backend(args.llm or DEFAULT_LLM, **backend_options(args, config["llm_options"]))
+        except ValueError as err:  # a bad spec or setting (e.g. --thinking for a template without the switch)
+            raise SystemExit(f"--llm {args.llm or DEFAULT_LLM}: {err}") from err
         retriever = load_retriever(args)
         bar = tqdm(total=len(todo), desc=args.method, unit="q")
         with PredictionWriter(out / "predictions.jsonl", {r["id"] for r in done}) as writer:

@@ -40,6 +40,9 @@ class Method(ABC):
     """Base class; subclasses are dataclasses whose fields are the method's options."""
 
     name: ClassVar[str] = "method"
+    # A leading <think> block is taken out of every completion before the method parses it
+    # (methods.thinking); trained token-in/token-out protocols turn this off to match training.
+    handles_thinking: ClassVar[bool] = True
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         """The env this method runs in, derived from the run's base config (default: unchanged)."""

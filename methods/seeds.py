@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from envs.config import EnvConfig
 from envs.protocol import judge_chunks, judge_token_ids, judgement_action
-from methods.agent_loop import FORCE_ANSWER_DEFAULT, run_agent_turns
+from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, register
 from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
@@ -38,6 +39,7 @@ class SeedsReAct(Method):
     max_actions: int = 12
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         return _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
@@ -46,7 +48,8 @@ class SeedsReAct(Method):
         prompt = react.SEEDS_REACT.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
                                           question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREVIEW) if self.example else prompt
-        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
+        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("seeds-o1")
@@ -59,6 +62,7 @@ class SeedsO1(Method):
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
@@ -80,7 +84,8 @@ class SeedsO1(Method):
             opened = [outcome.hits[i - 1] for i in outcome.expanded]
             return await reason_in_documents(ctx, transcript.text, last_query["text"], opened, self.reader_max_tokens)
 
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("seeds-r1")
@@ -91,7 +96,10 @@ class SeedsR1(Method):
     ``force_answer``: with one action left, write ``<answer>`` for the model and answer with what
     it fills in (:mod:`methods.agent_loop`). Training rollouts have the same setting with the same
     default (:class:`training.rollout.RolloutConfig`); evaluate a checkpoint as it was trained.
+    Completions reach the env as the trainer's rollouts give them (no thinking handling).
     """
+
+    handles_thinking: ClassVar[bool] = False
 
     k: int = 5
     max_expand: int = 5
