@@ -24,6 +24,7 @@ from methods.llm import (
     Prompt,
 )
 from methods.thinking import (
+    THINK_CLOSE,
     continuation_prompt,
     merged,
     needs_continuation,
@@ -31,7 +32,7 @@ from methods.thinking import (
     split_thinking,
 )
 
-MAX_CONTINUATIONS = 32  # continued generations of one call whose stop strings fired inside its thinking
+MAX_CONTINUATIONS = 8  # continued generations of one call whose stop strings fired inside its thinking
 
 
 class EpisodeOver(Exception):
@@ -94,7 +95,8 @@ class QuestionContext:
         With ``handle_thinking`` (every prompted method) a leading ``<think>`` block is taken out of
         the completion's text into ``completion.thinking`` before the method sees it, and a stop
         string that fires inside the thinking (or before any visible text follows it) does not end
-        the call: generation continues, within the same ``max_tokens``. The trace keeps the whole
+        the call: generation continues, within the same ``max_tokens``, first up to ``</think>``
+        (the only stop while thinking), then with the call's own stops. The trace keeps the whole
         output; a call that ends inside its thinking is noted as ``thinking_cut_off``.
         """
         if self.llm_calls >= self.max_llm_calls:
@@ -140,7 +142,9 @@ class QuestionContext:
             if left < 1 or prompt is None:
                 break
             seed = None if request.seed is None else request.seed + 7919 * (continued + 1)  # a fresh draw
-            more = await self.llm.agenerate(dataclasses.replace(request, prompt=prompt, max_tokens=left, seed=seed))
+            stop = request.stop if split.closed else (THINK_CLOSE,)
+            more = await self.llm.agenerate(dataclasses.replace(request, prompt=prompt, max_tokens=left, seed=seed,
+                                                                stop=stop))
             self.prompt_tokens += more.prompt_tokens
             parts.append(more.completions[0])
             continued += 1
