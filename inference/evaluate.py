@@ -31,9 +31,9 @@ from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import ConfigError, read_recipe
 from inference.backends import load_backend
 from inference.backends.chat import THINKING_MODES, thinking_setting
-from methods.budgets import PRESETS, budget_options
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
+from methods.budgets import PRESETS, budget_options
 from methods.runner import run_questions_sync
 
 DEFAULT_LLM = "hf:gemma3-270m"

@@ -131,7 +131,8 @@ def test_kair_takes_a_leading_think_as_the_step_reasoning():
                                "<judgement>insufficient</judgement><next_query>Seine</next_query>",
                                test_kair.step_reply(1, "sufficient", None)])
     record = test_kair.run(script)
-    assert "<think>why it is Paris</think>" in script.by_kind["next"][0]
+    assert "<think>why it is Paris</think>" in script.by_kind["next"][0]  # carried as the step's reasoning
+    assert record["prediction"] == "Paris"
 
 
 # -- presets ----------------------------------------------------------------------------------------

@@ -64,7 +64,8 @@ def test_openai_backend_sends_chat_template_kwargs_and_puts_parsed_reasoning_bac
     assert "chat_template_kwargs" not in request_body("qwen3", GenerationRequest("raw", max_tokens=8), True, True)[1]
     choice = {"message": {"content": "<answer>Paris</answer>", "reasoning_content": "think <search>x</search>"},
               "finish_reason": "length"}
-    assert completion_from_choice(choice, chat=True).text == "<think>think <search>x</search></think><answer>Paris</answer>"
+    text = completion_from_choice(choice, chat=True).text
+    assert text == "<think>think <search>x</search></think><answer>Paris</answer>"
 
 
 def test_budget_and_thinking_flags_are_applied_and_recorded(setup, monkeypatch):  # noqa: F811
