@@ -62,6 +62,9 @@ def test_openai_backend_sends_chat_template_kwargs_and_puts_parsed_reasoning_bac
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert "chat_template_kwargs" not in request_body("qwen3", request, vllm_extensions=True)[1]
     assert "chat_template_kwargs" not in request_body("qwen3", GenerationRequest("raw", max_tokens=8), True, True)[1]
+    partial = MESSAGES + [{"role": "assistant", "content": "<think>so far"}]  # a continued call
+    _, body = request_body("qwen3", GenerationRequest(partial, max_tokens=8), vllm_extensions=True)
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
     choice = {"message": {"content": "<answer>Paris</answer>", "reasoning_content": "think <search>x</search>"},
               "finish_reason": "length"}
     text = completion_from_choice(choice, chat=True).text

@@ -6,7 +6,8 @@ and 5xx are retried with exponential back-off; any other 4xx, or running out of 
 ``"error"`` completions carrying the server's message rather than an exception.
 
 With ``vllm_extensions`` (default: on, except for api.openai.com) the body also carries vLLM's
-``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``.
+``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``,
+and a chat ending in an assistant message is continued (``continue_final_message``), not closed.
 What comes back, field by field:
 
 - ``text``: as sent. A server that strips the matched stop string but names it (vLLM's
@@ -79,6 +80,8 @@ def request_body(model: str, request: GenerationRequest, vllm_extensions: bool,
         body.update(messages=prompt, logprobs=True)
         if thinking is not None:
             body["chat_template_kwargs"] = {THINKING_SWITCH: thinking}
+        if vllm_extensions and prompt[-1].get("role") == "assistant":  # continue it (a transcript, a
+            body.update(add_generation_prompt=False, continue_final_message=True)  # continued thinking)
         return "/chat/completions", body
     if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
         body.update(prompt=prompt, logprobs=1)
