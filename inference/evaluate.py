@@ -111,6 +111,10 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"{args.config}: unknown option(s) {sorted(unknown)}")
         parser.set_defaults(**{k.replace("-", "_"): v for k, v in recipe.items()})
         args = parser.parse_args(argv)
+    if isinstance(args.thinking, bool) or args.thinking is None:  # YAML reads `thinking: off` as False
+        args.thinking = {True: "on", False: "off", None: "auto"}[args.thinking]
+    if args.thinking not in THINKING_MODES:
+        parser.error(f"--thinking must be one of {tuple(THINKING_MODES)}, not {args.thinking!r}")
     if not args.compare and (not args.method or not args.out):
         parser.error("--method and --out are required (or --compare RUN [RUN ...])")
     return args

@@ -93,3 +93,11 @@ def test_runs_without_the_flags_keep_their_config(setup):  # noqa: F811
     config = json.loads((setup["out"] / "config.json").read_text())
     assert "budget" not in config and "thinking" not in config
     assert config["method_options"]["answer_tokens"] == 32
+
+
+def test_recipe_file_reads_yaml_off_as_the_thinking_mode(setup, tmp_path):  # noqa: F811
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text("budget: paper\nthinking: off\nmethod: kair\n")
+    args = ev.resolve_args(["--config", str(recipe), "--out", str(tmp_path / "r")])
+    assert args.thinking == "off" and args.budget == "paper"
+    assert ev.build_method(args).step_tokens == 768
