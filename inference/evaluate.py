@@ -34,6 +34,7 @@ from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import ConfigError, merge_values, read_recipe
 from inference.backends import load_backend
+from inference.backends.chat import THINKING_MODES, thinking_setting
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
 from inference.shards import (
@@ -48,6 +49,7 @@ from inference.shards import (
     write_plan,
 )
 from methods.base import split_env_limits
+from methods.budgets import PRESETS, budget_options
 from methods.runner import run_questions_sync
 
 DEFAULT_LLM = "hf:gemma3-270m"
@@ -79,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
                                           "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
                                           "no_parallel, no_disentanglement (same as --method-option variant=...)")
+    parser.add_argument("--budget", choices=PRESETS, help="generation-budget preset: small (the methods' defaults), "
+                        "paper (the papers' settings), thinking (reasoning models); --method-option values win")
+    parser.add_argument("--thinking", choices=tuple(THINKING_MODES), default="auto",
+                        help="the chat template's enable_thinking switch: on, off, or auto (the template's default)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
     parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
     parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS})")
@@ -128,6 +134,10 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"{args.config}: unknown option(s) {sorted(unknown)}")
         parser.set_defaults(**{k.replace("-", "_"): v for k, v in recipe.items()})
         args = parser.parse_args(argv)
+    if isinstance(args.thinking, bool) or args.thinking is None:  # YAML reads `thinking: off` as False
+        args.thinking = {True: "on", False: "off", None: "auto"}[args.thinking]
+    if args.thinking not in THINKING_MODES:
+        parser.error(f"--thinking must be one of {tuple(THINKING_MODES)}, not {args.thinking!r}")
     if args.merge and not args.out:
         parser.error("--merge needs --out")
     if not args.compare and not args.merge and (not args.method or not args.out):
@@ -136,7 +146,8 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_config(args: argparse.Namespace, method, env_config) -> dict:
-    """What defines the run; a resumed run must match it."""
+    """What defines the run; a resumed run must match it (budget and thinking only when set, so
+    runs from before those flags still resume)."""
     return {
         "method": args.method,
         "method_options": method.options(),
@@ -149,6 +160,8 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
         "env": dataclasses.asdict(env_config),
         "seed": args.seed,
         "max_llm_calls": args.max_llm_calls,
+        **({"budget": args.budget} if args.budget else {}),
+        **({"thinking": args.thinking} if args.thinking != "auto" else {}),
     }
 
 
@@ -186,8 +199,9 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
 
 
 def build_method(args: argparse.Namespace):
-    """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason.
-    Options that are env limits now (``k=3``) are read as ``--env`` settings, with a deprecation note."""
+    """The method with its ``--budget`` preset, ``--method-option`` values (which win over the preset)
+    and ``--variant``; bad options exit with the reason. Options that are env limits now (``k=3``)
+    are read as ``--env`` settings, with a deprecation note."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         options, _ = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
@@ -198,7 +212,7 @@ def build_method(args: argparse.Namespace):
             raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
         options["variant"] = args.variant
     try:
-        return methods.get(args.method, **options)
+        return methods.get(args.method, **budget_options(args.budget, args.method, options))
     except (KeyError, TypeError, ValueError) as err:
         raise SystemExit(f"--method {args.method}: {err}") from err
 
@@ -216,6 +230,15 @@ def build_env(args: argparse.Namespace, method) -> EnvConfig:
         return method.env_config(overrides)
     except (ConfigError, FileNotFoundError, ValueError, TypeError) as err:
         raise SystemExit(f"env: {err}") from err
+
+
+def backend_options(args: argparse.Namespace, llm_options: dict) -> dict:
+    """``--llm-option`` values plus ``--thinking`` (set in one place only)."""
+    if args.thinking == "auto":
+        return dict(llm_options)
+    if "thinking" in llm_options and thinking_setting(llm_options["thinking"]) != THINKING_MODES[args.thinking]:
+        raise SystemExit(f"--thinking {args.thinking} contradicts --llm-option thinking={llm_options['thinking']}")
+    return {**llm_options, "thinking": args.thinking}
 
 
 def nest_dotted(options: dict[str, Any]) -> dict[str, Any]:
@@ -269,7 +292,10 @@ def evaluate(args: argparse.Namespace) -> dict | None:
 def run_shard(args: argparse.Namespace, config: dict, method, base_env, todo: list, path: Path,
               position: int | None = None) -> None:
     """Run ``todo`` and append their predictions to ``path`` as they finish."""
-    llm = load_backend(args.llm or DEFAULT_LLM, **config["llm_options"])
+    try:
+        llm = load_backend(args.llm or DEFAULT_LLM, **backend_options(args, config["llm_options"]))
+    except ValueError as err:  # a bad spec or setting (e.g. --thinking for a template without the switch)
+        raise SystemExit(f"--llm {args.llm or DEFAULT_LLM}: {err}") from err
     retriever = load_retriever(args)
     bar = tqdm(total=len(todo), desc=args.method, unit="q", position=position)
     with PredictionWriter(path, {r["id"] for r in load_predictions(path)}) as writer:

@@ -52,6 +52,9 @@ class Method(ABC):
     name: ClassVar[str] = "method"
     # The env limits of the method's paper (EnvConfig fields): defaults that a run's env overrides.
     paper_env: ClassVar[Mapping[str, Any]] = {}
+    # A leading <think> block is taken out of every completion before the method parses it
+    # (methods.thinking); trained token-in/token-out protocols turn this off to match training.
+    handles_thinking: ClassVar[bool] = True
 
     def fixed_env(self) -> dict[str, Any]:
         """EnvConfig fields the method's protocol fixes (admission mode, limits its own options imply)."""

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from methods.agent_loop import run_agent_turns
+from methods.agent_loop import FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, paper_limits, register
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import clean_answer, extract_answer, first_int, last_tag
@@ -36,8 +36,10 @@ async def answer_from(ctx: QuestionContext, prompt: str, tag: str = "answer", ma
 class VanillaLLM(Method):
     """Closed-book: the question alone."""
 
+    answer_tokens: int = ANSWER_TOKENS
+
     async def run(self, ctx: QuestionContext) -> None:
-        await answer_from(ctx, direct.CLOSED_BOOK.format(question=ctx.question))
+        await answer_from(ctx, direct.CLOSED_BOOK.format(question=ctx.question), max_tokens=self.answer_tokens)
 
 
 @register("vanilla-rag")
@@ -46,6 +48,7 @@ class VanillaRAG(Method):
     """Retrieve the top-k passages for the question once, then answer from them."""
 
     paper_env: ClassVar[dict] = paper_limits(k=5)
+    answer_tokens: int = ANSWER_TOKENS
 
     def fixed_env(self) -> dict:
         return dict(PREFIX_PROTOCOL)
@@ -53,7 +56,8 @@ class VanillaRAG(Method):
     async def run(self, ctx: QuestionContext) -> None:
         outcome = await ctx.search(ctx.question)
         docs = format_docs(outcome.shown) if outcome.valid else "(no passages)"
-        await answer_from(ctx, direct.WITH_PASSAGES.format(docs=docs, question=ctx.question))
+        await answer_from(ctx, direct.WITH_PASSAGES.format(docs=docs, question=ctx.question),
+                          max_tokens=self.answer_tokens)
 
 
 @register("react")
@@ -64,6 +68,7 @@ class ReActFixedK(Method):
     paper_env: ClassVar[dict] = paper_limits(k=5, max_searches=4, max_actions=10)
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def fixed_env(self) -> dict:
         return dict(PREFIX_PROTOCOL)
@@ -72,7 +77,8 @@ class ReActFixedK(Method):
         env = ctx.env.config
         prompt = react.FIXED_K.format(k=env.candidates_per_search, max_searches=env.max_searches, question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREFIX) if self.example else prompt
-        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
+        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("react-dynk")
@@ -83,6 +89,7 @@ class ReActDynamicK(Method):
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=10)
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def fixed_env(self) -> dict:
         # Preview mode gives "retrieve now, open later"; the model never sees the previews.
@@ -111,7 +118,8 @@ class ReActDynamicK(Method):
             return None
 
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens, extra_stops=("</read>",),
-                              translate=self.translate, on_observation=hide_previews)
+                              translate=self.translate, on_observation=hide_previews,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 async def reason_in_documents(ctx: QuestionContext, reasoning: str, query: str, hits, max_tokens: int) -> str:
@@ -135,6 +143,7 @@ class SearchO1(Method):
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def fixed_env(self) -> dict:
         return {**PREFIX_PROTOCOL, "duplicate_query": "allow"}
@@ -150,13 +159,16 @@ class SearchO1(Method):
             # The reader gets the passages as the env showed them (what doc_tokens counted).
             return await reason_in_documents(ctx, transcript.text, query, outcome.shown, self.reader_max_tokens)
 
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=condense)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=condense,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("search-r1")
 @dataclass
 class SearchR1(Method):
     """The Search-R1 protocol for trained checkpoints: raw-text prompt, top-k prefix reading."""
+
+    handles_thinking: ClassVar[bool] = False  # its <think> turns are part of the trained format
 
     paper_env: ClassVar[dict] = paper_limits(k=3, max_searches=4, max_actions=10)
     max_tokens: int = 512
@@ -180,6 +192,7 @@ class IRCoT(Method):
     paper_env: ClassVar[dict] = paper_limits(k=5)
     max_iterations: int = 5
     max_tokens: int = 64
+    answer_tokens: int = ANSWER_TOKENS  # the back-off answer
 
     def fixed_env(self) -> dict:
         """One search for the question and one per iteration, then the answer (and a spare action)."""
@@ -213,7 +226,7 @@ class IRCoT(Method):
         ctx.note("no_final_sentence", thoughts=len(thoughts))
         backoff = direct.BACKOFF.format(work=format_docs(list(docs.values())) + "\n\n" + " ".join(thoughts),
                                         question=ctx.question)
-        await answer_from(ctx, backoff, tag="backoff")
+        await answer_from(ctx, backoff, tag="backoff", max_tokens=self.answer_tokens)
 
 
 @register("iter-retgen")

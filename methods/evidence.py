@@ -47,7 +47,8 @@ def parse_selection(text: str, n_candidates: int) -> list[int] | None:
     return None
 
 
-async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: int, purpose: str) -> list[int]:
+async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: int, purpose: str,
+                            max_tokens: int = SELECT_TOKENS) -> list[int]:
     """One LLM call: which of the ``n_candidates`` previewed candidates to open.
 
     An unusable reply opens the first candidate (the retriever's best, unless the env shuffles)
@@ -55,7 +56,7 @@ async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: i
     """
     body = snapshot.removeprefix("<snapshot>").removesuffix("</snapshot>").strip()
     prompt = prompts.SELECT.format(question=ctx.question, purpose=purpose, candidates=body)
-    result = await ctx.generate([{"role": "user", "content": prompt}], stop=("\n\n",), max_tokens=SELECT_TOKENS,
+    result = await ctx.generate([{"role": "user", "content": prompt}], stop=("\n\n",), max_tokens=max_tokens,
                                 tag="select")
     completion = result.completions[0]
     chosen = None if completion.finish_reason == "error" else parse_selection(completion.text, n_candidates)
@@ -74,12 +75,13 @@ def searches_left(ctx: QuestionContext) -> int:
 
 
 async def gather_evidence(ctx: QuestionContext, queries: list[str], admission: str,
-                          purposes: list[str] | None = None) -> list[list[Hit]]:
+                          purposes: list[str] | None = None, select_tokens: int = SELECT_TOKENS) -> list[list[Hit]]:
     """The passages read for each of ``queries``: one retrieval call, one retrieval round.
 
     Queries beyond the env's remaining search budget (one action is always kept for the
     answer) are not sent and yield no passages; the trace records them as ``search_budget``.
     A search the env refuses for another reason is recorded by the env; it never raises.
+    ``select_tokens``: the budget of each preview-selection call.
     """
     queries = [" ".join(q.split()) for q in queries]
     budget = searches_left(ctx)
@@ -106,7 +108,7 @@ async def gather_evidence(ctx: QuestionContext, queries: list[str], admission: s
                 read.append(list(outcome.shown) if admission == "prefix" else [])
                 continue
             purpose = purposes[i] if purposes else f"find evidence for: {query}"
-            chosen = await choose_candidates(ctx, outcome.observation, len(outcome.hits), purpose)
+            chosen = await choose_candidates(ctx, outcome.observation, len(outcome.hits), purpose, select_tokens)
             opened = await ctx.expand(chosen)
             read.append(list(opened.shown) if opened.valid else [])
     return read

@@ -38,7 +38,7 @@ from envs.types import Hit
 from methods.base import Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_protocol, gather_evidence
+from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence
 from methods.prompts import format_docs
 from methods.prompts import kair as prompts
 
@@ -137,6 +137,7 @@ class KAIR(Method):
     step_tokens: int = 200
     repair_tokens: int = 64
     answer_tokens: int = 48
+    select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
@@ -203,7 +204,8 @@ class KAIR(Method):
     async def retrieve(self, ctx: QuestionContext, query: str, first: bool) -> list[Hit]:
         """The documents read for ``query`` (top-k, or the opened candidates under preview)."""
         purpose = prompts.FIRST_PURPOSE if first else prompts.NEXT_PURPOSE.format(query=query)
-        (read,) = await gather_evidence(ctx, [query], self.admission, purposes=[purpose])
+        (read,) = await gather_evidence(ctx, [query], self.admission, purposes=[purpose],
+                                        select_tokens=self.select_tokens)
         return read
 
     async def reason(self, ctx: QuestionContext, new: list[Hit], previous: StepNotes | None,
@@ -224,6 +226,8 @@ class KAIR(Method):
             ctx.note("llm_error", call="step")
             return None
         notes = parse_step(completion.text)
+        if notes.reasoning is None and completion.thinking:
+            notes.reasoning = completion.thinking  # a leading <think> (methods.thinking) is the step's reasoning
         gaps = notes.missing(with_index, need_decision)
         if gaps:
             ctx.note("kair_step_format", missing=gaps)

@@ -48,7 +48,7 @@ from envs.types import Hit
 from methods.base import Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_protocol, gather_evidence, searches_left
+from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
 from methods.prompts import format_docs
 from methods.prompts import maps as prompts
 
@@ -182,6 +182,7 @@ class MAPS(Method):
     plan_tokens: int = 120
     refine_tokens: int = 160
     answer_tokens: int = 48
+    select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
@@ -226,7 +227,8 @@ class MAPS(Method):
                 stop = "llm_error"
                 break
             evidence = await gather_evidence(ctx, [s.query for s in searches], self.admission,
-                                             purposes=[s.direction for s in searches] if self.with_directions else None)
+                                             purposes=[s.direction for s in searches] if self.with_directions else None,
+                                             select_tokens=self.select_tokens)
             ctx.stats["iterations"] = iteration
             ctx.stats["sub_queries"].append(len(searches))
             if ctx.done:

@@ -101,7 +101,8 @@ async def run_questions(
             env = SearchEnv(retriever, None, config,
                             tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
-            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls)
+            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls,
+                                  handle_thinking=method.handles_thinking)
             record = await run_question(method, ctx)
         if on_result is not None:
             on_result(record)

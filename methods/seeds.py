@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from envs.config import EnvConfig
 from envs.protocol import judge_chunks, judge_token_ids, judgement_action
-from methods.agent_loop import FORCE_ANSWER_DEFAULT, run_agent_turns
+from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, paper_limits, register
 from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
@@ -37,6 +37,7 @@ class SeedsReAct(Method):
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=12)
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def fixed_env(self) -> dict:
         return dict(PREVIEW_PROTOCOL)
@@ -44,7 +45,8 @@ class SeedsReAct(Method):
     async def run(self, ctx: QuestionContext) -> None:
         prompt = react.SEEDS_REACT.format(**limits_text(ctx.env.config), question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREVIEW) if self.example else prompt
-        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
+        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("seeds-o1")
@@ -54,6 +56,7 @@ class SeedsO1(Method):
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
     def fixed_env(self) -> dict:
         return {**PREVIEW_PROTOCOL, "duplicate_query": "allow"}
@@ -74,7 +77,8 @@ class SeedsO1(Method):
             return await reason_in_documents(ctx, transcript.text, last_query["text"], outcome.shown,
                                              self.reader_max_tokens)
 
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("seeds-r1")
@@ -86,7 +90,10 @@ class SeedsR1(Method):
     ``force_answer``: with one action left, write ``<answer>`` for the model and answer with what
     it fills in (:mod:`methods.agent_loop`). Training rollouts have the same setting with the same
     default (:class:`training.rollout.RolloutConfig`); evaluate a checkpoint as it was trained.
+    Completions reach the env as the trainer's rollouts give them (no thinking handling).
     """
+
+    handles_thinking: ClassVar[bool] = False
 
     paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5, max_searches=4, max_actions=10)
     max_tokens: int = 512
