@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 serve = pytest.importorskip("ray.serve", reason="the Ray Serve engine needs the 'ray' extra")
 ray = pytest.importorskip("ray")
@@ -99,3 +101,13 @@ def test_concurrent_requests_share_batches(ray_url, reference):
     assert all(got[i] == reference.search([QUERIES[i % 5]], 2) for i in range(8))
     assert after["batched_queries"] - before["batched_queries"] == 8
     assert after["batches"] - before["batches"] < 8
+
+
+def test_the_serve_config_builds_the_app():
+    """configs/serve/retrieval.yaml's args are the ones app_builder takes (no cluster needed to bind)."""
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "serve" / "retrieval.yaml").read_text())
+    (application,) = config["applications"]
+    assert application["import_path"] == "envs.retrieval.serve_ray:app_builder"
+    assert isinstance(serve_ray.app_builder(application["args"]), serve.Application)
+    with pytest.raises(ValueError, match="unknown args \\['replica'\\]"):
+        serve_ray.app_builder({"index": "default", "replica": 2})
