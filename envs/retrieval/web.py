@@ -14,8 +14,9 @@ boundaries (the corpus convention, :func:`envs.retrieval.default_corpus.split_pa
 candidate is the passage (or the ``passages_per_result`` passages) sharing most words with the query
 and the engine's snippet. A page that cannot be used (HTTP error, timeout, not HTML) falls back to the
 snippet, and the failure is counted in ``stats``. Passage ids are ``<url>#<chunk>`` (``<url>#snippet``
-for snippets); ``row`` numbers the passages this retriever has seen, in first-seen order, and
-``corpus[row]`` / ``passages(ids)`` give them back (distractor injection draws from them).
+for snippets); ``row`` numbers the passages this retriever has given as candidates or by id, in
+first-seen order, and ``corpus[row]`` / ``passages(ids)`` give them back (distractor injection
+draws from them; a page passage never shown is read from the page cache by ``passages``).
 
 Search replies and pages are cached on disk (``cache_dir("web")`` unless ``cache`` says otherwise),
 so a repeated query makes no HTTP call, in this run or a later one. Transient search failures
@@ -42,6 +43,7 @@ from envs.retrieval.default_corpus import MAX_WORDS, split_passages
 from envs.retrieval.web_http import (
     ENGINES,
     SERPER_URL,
+    USER_AGENT,
     Page,
     RateLimiter,
     SearchResult,
@@ -142,7 +144,7 @@ class WebStats:
 
 
 class WebCorpus:
-    """The passages a :class:`WebRetriever` has seen, by row (first-seen order) and by id."""
+    """The passages a :class:`WebRetriever` has handed out, by row (first-seen order) and by id."""
 
     def __init__(self, retriever: WebRetriever):
         self._retriever = retriever
@@ -169,7 +171,7 @@ class WebCorpus:
         return [self[row] for row in rows]
 
     def row_of(self, passage_id: str) -> int:
-        """Row of a passage id; a page passage not seen yet is loaded from the cache (or fetched)."""
+        """Row of a passage id; a page passage not seen yet is read from the cache (or fetched)."""
         return self._retriever.passages([passage_id])[0].row
 
     def known(self, passage_id: str) -> Passage | None:
@@ -183,10 +185,11 @@ class WebCorpus:
 
 @dataclass
 class _Scratch:
-    """In-memory state of one retriever: search results by (query, n), pages by address."""
+    """In-memory state of one retriever: search results by (query, n), and the pages that failed (by
+    address) so a run does not ask again. Page texts live in the disk cache, not in memory."""
 
     results: dict = field(default_factory=dict)
-    pages: dict = field(default_factory=dict)
+    failed_pages: dict = field(default_factory=dict)
 
 
 class WebRetriever:
@@ -202,7 +205,7 @@ class WebRetriever:
         cache = config.cache
         self.cache = WebCache(None if cache == "off" else cache if cache is not None else cache_dir("web"))
         self._client = httpx.Client(timeout=config.timeout, follow_redirects=True, max_redirects=5,
-                                    transport=transport, headers={"User-Agent": "seeds-rl/0.1"})
+                                    transport=transport, headers={"User-Agent": USER_AGENT})
         self._search_limiter = search_limiter or RateLimiter(config.rps)
         self._fetch_limiter = fetch_limiter or RateLimiter(config.fetch_rps, burst=max(1, int(config.fetch_rps)))
         self._sleep = sleep
@@ -223,10 +226,11 @@ class WebRetriever:
         distinct = list(dict.fromkeys(queries))
         with ThreadPoolExecutor(self.config.workers) as pool:
             found = dict(zip(distinct, pool.map(lambda q: self._results(q, n), distinct)))
+            pages = {}
             if self.config.fetch:
                 urls = list(dict.fromkeys(r.url for q in distinct for r in found[q][:k]))
-                list(pool.map(self._page, urls))
-        hits = {q: self._hits(q, found[q], k) for q in distinct}
+                pages = dict(zip(urls, pool.map(self._page, urls)))
+        hits = {q: self._hits(q, found[q], k, pages) for q in distinct}
         return [list(hits[q]) for q in queries]
 
     def passages(self, ids: list[str]) -> list[Passage]:
@@ -237,8 +241,10 @@ class WebRetriever:
             if passage is None:
                 url, _, chunk = passage_id.rpartition("#")
                 if url and chunk.isdigit() and self.config.fetch:
-                    self._page_passages(url, self._page(url))
-                passage = self.corpus.known(passage_id)
+                    page = self._page(url)
+                    chunks = self._chunks(page)
+                    if int(chunk) < len(chunks):
+                        passage = self.corpus.add(passage_id, page.title or url, chunks[int(chunk)])
             if passage is None:
                 raise KeyError(f"web passage {passage_id!r} was not seen by this retriever and is not a "
                                "page passage id (<url>#<chunk>) whose page can be read")
@@ -302,10 +308,10 @@ class WebRetriever:
     # -- pages -------------------------------------------------------------------------------------
 
     def _page(self, url: str) -> Page:
-        """The page at ``url`` as text: memory, then disk, then a fetch. Failures are kept in memory
-        only (this run does not ask again), and lasting ones are not written to disk either."""
+        """The page at ``url`` as text: the disk cache, else a fetch. A failure is remembered for this
+        run (no second fetch) but not written to disk, so a later run asks again."""
         with self._lock:
-            page = self._scratch.pages.get(url)
+            page = self._scratch.failed_pages.get(url)
         if page is not None:
             return page
         key = {"url": url, "max_bytes": self.config.max_page_bytes}
@@ -321,42 +327,41 @@ class WebRetriever:
             else:
                 self._count(page_errors=1)
                 self._record({"url": url, "error": page.error})
+                with self._lock:
+                    self._scratch.failed_pages[url] = page
             self._count(pages_truncated=int(page.truncated))
-        with self._lock:
-            self._scratch.pages[url] = page
         return page
 
-    def _page_passages(self, url: str, page: Page, result_title: str = "") -> list[Passage]:
-        """Every passage of a page, registered in the corpus (ids ``<url>#<chunk>``; title: the page's
-        ``<title>``, else the engine's title for it, else the address)."""
-        title = page.title or result_title or url
-        chunks = split_passages(page.text, self.config.passage_words) if page.error is None else []
-        return [self.corpus.add(f"{url}#{i}", title, text) for i, text in enumerate(chunks)]
+    def _chunks(self, page: Page | None) -> list[str]:
+        """A page's passages: ``passage_words``-word pieces on sentence boundaries (chunk i = id ``#i``)."""
+        if page is None or page.error is not None:
+            return []
+        return split_passages(page.text, self.config.passage_words)
 
     # -- hits --------------------------------------------------------------------------------------
 
-    def _hits(self, query: str, results: list[SearchResult], k: int) -> list[Hit]:
+    def _hits(self, query: str, results: list[SearchResult], k: int, pages: dict[str, Page]) -> list[Hit]:
         """Up to ``k`` candidates: the best passages of each result's page, else its snippet."""
         hits: list[Hit] = []
         for engine_rank, result in enumerate(results, 1):
-            chosen = self._chosen_passages(query, result)
+            chosen = self._chosen_passages(query, result, pages.get(result.url))
             for passage in chosen:
                 if len(hits) == k:
                     return hits
                 hits.append(Hit.from_passage(passage, 1.0 / engine_rank, len(hits) + 1))
         return hits
 
-    def _chosen_passages(self, query: str, result: SearchResult) -> list[Passage]:
+    def _chosen_passages(self, query: str, result: SearchResult, page: Page | None) -> list[Passage]:
         """The ``passages_per_result`` passages of the result's page sharing most words with the
-        query and the snippet (page order among equals); the snippet when the page gave none."""
-        passages = []
-        if self.config.fetch:
-            passages = self._page_passages(result.url, self._page(result.url), result.title)
-        if passages:
+        query and the snippet (page order among equals), registered in the corpus (title: the page's
+        ``<title>``, else the engine's, else the address); the snippet when the page gave none."""
+        chunks = self._chunks(page)
+        if chunks:
             terms = query_terms(f"{query} {result.snippet}")
-            overlap = [len(terms & query_terms(p.text)) for p in passages]
-            best = sorted(range(len(passages)), key=lambda i: (-overlap[i], i))[: self.config.passages_per_result]
-            return [passages[i] for i in sorted(best)]
+            overlap = [len(terms & query_terms(text)) for text in chunks]
+            best = sorted(range(len(chunks)), key=lambda i: (-overlap[i], i))[: self.config.passages_per_result]
+            title = page.title or result.title or result.url
+            return [self.corpus.add(f"{result.url}#{i}", title, chunks[i]) for i in sorted(best)]
         if not (result.snippet or result.title):
             return []
         return [self.corpus.add(f"{result.url}#{SNIPPET_CHUNK}", result.title or result.url, result.snippet)]
