@@ -173,6 +173,8 @@ def test_a_cached_query_makes_no_http_call(web, fresh, tmp_path):
     assert [(h.row, h.id) for h in again.search(["rome"], k=5)[0]] == [(h.row, h.id) for h in expected[1]]
     assert sorted(web.requests) == [("GET", "/page/doc.pdf"), ("GET", "/page/missing")]  # failures: not cached
     assert again.stats.searches == 0 and again.stats.search_cache_hits == 3
+    assert first.search(["empty"], k=5) == again.search(["empty"], k=5) == [[]]
+    assert len(web.paths("/search")) == 2  # an empty reply is not stored: each retriever asked
 
 
 @pytest.mark.parametrize("word, reason", [("boom", "HTTP 500"), ("notjson", "not JSON"),

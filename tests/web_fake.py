@@ -3,7 +3,7 @@
 ``FakeWeb`` runs an ``http.server`` on 127.0.0.1 (a free port) in a thread and records every
 request as ``(method, path)``. Queries pick canned result lists (see ``results_for``); words in the
 query trigger failures: ``boom`` (HTTP 500), ``notjson`` (an HTML body), ``denied`` (HTTP 403),
-``slow`` (answers after ``SLOW_SECONDS``), ``malformed`` (bad result entries).
+``slow`` (answers after ``SLOW_SECONDS``), ``malformed`` (bad result entries), ``empty`` (no results).
 """
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ PLAIN = "Berlin is the capital of Germany.\nIt lies on the river Spree."
 
 
 def results_for(base: str, query: str) -> list[dict]:
-    """Canned results: ``{"url", "title", "snippet"}`` in engine order."""
+    """Canned results: ``{"url", "title", "snippet"}`` in engine order (none for a query with ``empty``)."""
+    if "empty" in query:
+        return []
     if "france" in query.lower():
         return [
             {"url": f"{base}/page/paris.html#history", "title": "Paris", "snippet": "Paris is the capital of France"},

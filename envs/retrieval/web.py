@@ -280,7 +280,8 @@ class WebRetriever:
             results = self._search_api(query, n)
             if results is None:
                 return []
-            self.cache.put("search", key, {"results": [asdict(r) for r in results]})
+            if results:  # an empty reply may be an engine hiccup: a later run asks again
+                self.cache.put("search", key, {"results": [asdict(r) for r in results]})
         with self._lock:
             self._scratch.results[(query, n)] = results
         return results[:n]
