@@ -6,6 +6,7 @@ import ipaddress
 import json
 import socket
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +23,8 @@ from envs.typed_config import ConfigError
 from envs.types import QAExample
 from inference import evaluate as ev
 from methods.runner import run_questions_sync
+from training.config import PPOConfig
+from training.inputs import load_retriever as load_ppo_retriever
 
 FRANCE = "capital of France"
 
@@ -298,6 +301,7 @@ def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
     monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "home-cache"))
     spec = f"web:searxng:{web.url}?rps=0&fetch_rps=0&max_page_bytes=100000"
     assert isinstance(open_run_retriever(spec, None), WebRetriever)
+    assert isinstance(load_ppo_retriever(PPOConfig(retriever=spec)), WebRetriever)  # --retriever of training/ppo.py
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"id": "a", "question": "What is the capital of France?",
                                 "golden_answers": ["Paris"]}) + "\n")
@@ -308,6 +312,14 @@ def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
     (record,) = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert record["prediction"] == "Paris" and json.loads((out / "config.json").read_text())["index"] == spec
     assert list((tmp_path / "home-cache" / "web" / "search").rglob("*.json"))  # the project cache by default
+
+
+def test_the_eval_recipe_names_a_valid_web_spec():
+    recipe = Path(__file__).resolve().parents[1] / "configs" / "eval" / "seeds_o1_web.yaml"
+    args = ev.resolve_args(["--config", str(recipe), "--data", "qa.jsonl"])
+    config = parse_web_spec(args.retriever)
+    assert (args.method, config.engine, config.url, config.results) == ("seeds-o1", "searxng",
+                                                                        "http://127.0.0.1:8888", 10)
 
 
 def test_the_loopback_guard_refuses_other_hosts():
