@@ -201,7 +201,7 @@ def test_refusals_raise_a_clear_error(fresh, monkeypatch):
     assert caught.value.status == 401 and "wrong" not in str(caught.value)
     # in a run, a refusal is the question's recorded error, not a crash of the run
     example = QAExample("q0", "What is the capital of France?", ("Paris",))
-    (record,) = run_questions_sync(methods.get("seeds-o1", k=5), [example], FakeLLM(responder),
+    (record,) = run_questions_sync(methods.get("seeds-o1"), [example], FakeLLM(responder),
                                    fresh("serper"), EnvConfig())
     assert record["finish_reason"] == "error: WebSearchError" and record["metrics"]["em"] == 0.0
 
@@ -276,7 +276,8 @@ def test_seeds_o1_runs_end_to_end_over_the_web(web, fresh):
     retriever = fresh()
     example = QAExample("q0", "What is the capital of France?", ("Paris",))
     llm = FakeLLM(responder)
-    (record,) = run_questions_sync(methods.get("seeds-o1", k=5), [example], llm, retriever, EnvConfig())
+    (record,) = run_questions_sync(methods.get("seeds-o1"), [example], llm, retriever,
+                                   methods.get("seeds-o1").env_config({"candidates_per_search": 5}))
     assert record["prediction"] == "Paris" and record["metrics"]["em"] == 1.0, record["trace"]
     (search,) = record["searches"]
     assert search["expanded_ids"] == [f"{web.url}/page/paris.html#1", f"{web.url}/page/rome.html#0"]
@@ -307,8 +308,8 @@ def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
                                 "golden_answers": ["Paris"]}) + "\n")
     monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: FakeLLM(responder))
     out = tmp_path / "run"
-    assert ev.main(["--method", "seeds-o1", "--method-option", "k=5", "--data", str(data), "--retriever", spec,
-                    "--llm", "hf:fake", "--out", str(out)]) == 0
+    assert ev.main(["--method", "seeds-o1", "--env", "candidates_per_search=5", "--data", str(data),
+                    "--retriever", spec, "--llm", "hf:fake", "--out", str(out)]) == 0
     (record,) = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert record["prediction"] == "Paris" and json.loads((out / "config.json").read_text())["index"] == spec
     assert list((tmp_path / "home-cache" / "web" / "search").rglob("*.json"))  # the project cache by default

@@ -41,6 +41,7 @@ from envs.types import QAExample
 from inference.backends import load_backend
 from methods.runner import run_questions_sync
 from methods.seeds import SeedsR1
+from methods.thinking import split_thinking
 
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
@@ -185,7 +186,9 @@ def record_from_method(result: dict, example: QAExample, teacher: str, env_confi
         if event.get("type") == "llm":
             last_output = event.get("output") if event.get("tag") == "turn" else None
         elif event.get("type") == "env":
-            text = last_output if last_output is not None and last_output == event["action"] else event["action"]
+            # The whole turn (a leading <think> block included) when the action is what it said.
+            said = last_output is not None and split_thinking(last_output).visible == event["action"]
+            text = last_output if said else event["action"]
             last_output = None
             turns.append(("model", text))
             if event.get("kind") == "answer":
