@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "no_parallel, no_disentanglement (same as --method-option variant=...)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
     parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
-    parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS})")
+    parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS}); "
+                                                  f"rerun with a larger N to extend a run")
+    parser.add_argument("--sample", type=int, metavar="N", help="N questions drawn at random with --seed (a larger N "
+                                                                "keeps the smaller sample's questions and adds more)")
     parser.add_argument("--llm", help=f"backend:model, e.g. hf:smollm2-135m, vllm:/models/x, openai:gpt-4o-mini "
                                       f"(default {DEFAULT_LLM})")
     parser.add_argument("--llm-option", action="append", metavar="KEY=VALUE",
@@ -76,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "http://127.0.0.1:8000, instead of --index")
     parser.add_argument("--env-config", help="YAML env recipe (the method then sets its own mode and limits)")
     parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
+    parser.add_argument("--guided-actions", action=argparse.BooleanOptionalAction, default=False,
+                        help="constrain each agent turn to free text then one well-formed action of the method's "
+                             "format (grammar-guided decoding; hf and vllm backends)")
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-llm-calls", type=int, default=64, help="per question")
@@ -110,14 +117,20 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+NOT_IDENTITY = ("limit", "sample")  # how many questions: a rerun with more extends the run
+ADDED_KEYS = {"guided_actions": False, "sample": None}  # keys newer than some run folders: their value then
+
+
 def run_config(args: argparse.Namespace, method, env_config) -> dict:
-    """What defines the run; a resumed run must match it."""
+    """What defines the run (a resumed run must match it, except ``NOT_IDENTITY``)."""
     return {
         "method": args.method,
         "method_options": method.options(),
         "data": args.data or f"default-questions(seed={args.seed})",
         "split": args.split,
         "limit": args.limit,
+        "sample": args.sample,
+        "guided_actions": bool(args.guided_actions),
         "llm": args.llm or DEFAULT_LLM,
         "llm_options": parse_options(args.llm_option, "--llm-option"),
         "index": args.retriever or args.index or "default",
@@ -127,9 +140,32 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
     }
 
 
+def run_identity(config: dict) -> dict:
+    """The part of a run's config that a resumed run must match."""
+    identity = {**ADDED_KEYS, **config}
+    return {k: v for k, v in identity.items() if k not in NOT_IDENTITY}
+
+
+def seeded_sample(examples: list, n: int, seed: int) -> list:
+    """``n`` of ``examples`` drawn at random with ``seed``, in their file order. The draw is a prefix
+    of one seeded permutation, so a larger ``n`` keeps every question of a smaller one."""
+    if n < 1:
+        raise SystemExit(f"--sample must be at least 1, not {n}")
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    return [examples[i] for i in sorted(order[:n])]
+
+
 def load_examples(args: argparse.Namespace):
-    examples = load_questions(args.data, split=args.split, limit=args.limit if args.data else
-                              args.limit or DEFAULT_QUESTIONS, seed=args.seed)
+    """The run's questions: the first ``--limit``, or ``--sample`` N drawn with ``--seed``."""
+    if args.sample is not None and args.limit is not None:
+        raise SystemExit("give --limit (the first N questions) or --sample (N at random), not both")
+    if args.data:
+        examples = load_questions(args.data, split=args.split, limit=args.limit)
+        if args.sample is not None:
+            examples = seeded_sample(examples, args.sample, args.seed)
+    else:  # generated questions are a random draw already
+        examples = load_questions(None, limit=args.sample or args.limit or DEFAULT_QUESTIONS, seed=args.seed)
     ids = [e.id for e in examples]
     duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
     if duplicates:
@@ -150,7 +186,8 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
         for name in ("predictions.jsonl", "metrics.json", "config.json"):
             (out / name).unlink(missing_ok=True)
     elif config_path.exists():
-        previous, current = json.loads(config_path.read_text()), json.loads(json.dumps(config))
+        previous = run_identity(json.loads(config_path.read_text()))
+        current = run_identity(json.loads(json.dumps(config)))
         if previous != current:
             changed = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
             raise SystemExit(f"{out} holds a run with a different configuration ({', '.join(changed)}); "
@@ -174,6 +211,8 @@ def build_method(args: argparse.Namespace):
 
 def evaluate(args: argparse.Namespace) -> dict:
     method = build_method(args)
+    if args.guided_actions and method.action_regex() is None:
+        raise SystemExit(f"--guided-actions: method {args.method} declares no action format to guide")
     base_env = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
     config = run_config(args, method, method.env_config(base_env))
     out = Path(args.out)
@@ -194,7 +233,8 @@ def evaluate(args: argparse.Namespace) -> dict:
                 bar.update(1)
 
             run_questions_sync(method, todo, llm, retriever, base_env, concurrency=args.concurrency,
-                               seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result)
+                               seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result,
+                               guided_actions=args.guided_actions)
         bar.close()
         llm.close()
     records = [r for r in load_predictions(out / "predictions.jsonl") if r["id"] in wanted]

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from envs.config import EnvConfig
+from methods.guidance import action_regex
 
 if TYPE_CHECKING:
     from methods.context import QuestionContext
@@ -40,6 +41,7 @@ class Method(ABC):
     """Base class; subclasses are dataclasses whose fields are the method's options."""
 
     name: ClassVar[str] = "method"
+    action_tags: ClassVar[tuple[str, ...]] = ()  # the tags its turns end in (guided decoding), if it has them
 
     def env_config(self, base: EnvConfig) -> EnvConfig:
         """The env this method runs in, derived from the run's base config (default: unchanged)."""
@@ -48,6 +50,11 @@ class Method(ABC):
     @abstractmethod
     async def run(self, ctx: QuestionContext) -> None:
         """Answer ``ctx.question`` by calling ``ctx.generate`` and the env actions."""
+
+    def action_regex(self) -> str | None:
+        """The regular expression of one agent turn in this method's action format
+        (:func:`methods.guidance.action_regex` of :attr:`action_tags`); None: no action format."""
+        return action_regex(self.action_tags) if self.action_tags else None
 
     def options(self) -> dict[str, Any]:
         """The method's settings, as saved with a run's resolved configuration."""

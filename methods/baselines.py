@@ -60,6 +60,7 @@ class VanillaRAG(Method):
 @dataclass
 class ReActFixedK(Method):
     """ReAct reading the top-k prefix after every search (k in {1, 3, 5, 10} in the papers)."""
+    action_tags = ("search", "answer")
 
     k: int = 5
     max_searches: int = 4
@@ -81,6 +82,7 @@ class ReActFixedK(Method):
 @dataclass
 class ReActDynamicK(Method):
     """ReAct where the model picks how many top-ranked results to read (a prefix), unseen."""
+    action_tags = ("search", "read", "answer")
 
     k: int = 10
     max_searches: int = 4
@@ -133,6 +135,7 @@ async def reason_in_documents(ctx: QuestionContext, reasoning: str, query: str, 
 @dataclass
 class SearchO1(Method):
     """Search-o1: reasoning with search tags; a reader condenses the top-k documents of each search."""
+    action_tags = ("search", "answer")
 
     k: int = 10
     max_searches: int = 5

@@ -41,8 +41,9 @@ class StepOutcome:
 
 class QuestionContext:
     def __init__(self, example: QAExample, env: SearchEnv, llm: LLMBackend, steps: EnvStepBatcher,
-                 seed: int = 0, max_llm_calls: int = 64):
+                 seed: int = 0, max_llm_calls: int = 64, action_regex: str | None = None):
         self.example = example
+        self.action_regex = action_regex  # set: agent turns decode only this action format (guided actions)
         self.env = env
         self.llm = llm
         self._steps = steps
@@ -75,14 +76,15 @@ class QuestionContext:
 
     async def generate(self, prompt: Prompt, *, stop: tuple[str, ...] | list[str] = (), max_tokens: int = 256,
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "",
-                       allowed_token_ids: tuple[int, ...] = ()) -> GenerationResult:
+                       allowed_token_ids: tuple[int, ...] = (), regex: str | None = None) -> GenerationResult:
         """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``);
-        ``allowed_token_ids``: a constrained choice (see :class:`GenerationRequest`)."""
+        ``allowed_token_ids``: a constrained choice; ``regex``: guided decoding (see
+        :class:`GenerationRequest`)."""
         if self.llm_calls >= self.max_llm_calls:
             raise EpisodeOver(f"LLM call limit of {self.max_llm_calls} reached")
         request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens, temperature=temperature,
                                     top_p=top_p, top_k=top_k, seed=self.seed + self.llm_calls,
-                                    allowed_token_ids=tuple(allowed_token_ids))
+                                    allowed_token_ids=tuple(allowed_token_ids), regex=regex)
         self.llm_calls += 1
         started = time.perf_counter()
         result = await self.llm.agenerate(request)
@@ -91,7 +93,7 @@ class QuestionContext:
         self.completion_tokens += result.completion_tokens
         self.trace.append({
             "type": "llm", "tag": tag, "prompt": _prompt_for_trace(prompt), "output": completion.text,
-            "finish_reason": completion.finish_reason, "error": completion.error,
+            "finish_reason": completion.finish_reason, "error": completion.error, "guided": regex is not None,
             "prompt_tokens": result.prompt_tokens, "completion_tokens": len(completion.token_ids),
             "latency_s": round(time.perf_counter() - started, 4),
         })

@@ -82,12 +82,19 @@ async def run_questions(
     max_llm_calls: int = 64,
     on_result: Callable[[dict], None] | None = None,
     env_tokenizer: Any = None,
+    guided_actions: bool = False,
 ) -> list[dict]:
     """Predictions for ``examples`` (in input order); ``on_result`` sees each as it finishes.
+
+    ``guided_actions``: every agent turn decodes only the method's action format
+    (:meth:`Method.action_regex`; ValueError for a method without one).
 
     The env counts observation caps in ``env_tokenizer``'s tokens when given (a policy trained on
     these episodes), else in the backend's tokenizer (words when it has none)."""
     config = method.env_config(env_config or EnvConfig())
+    regex = method.action_regex() if guided_actions else None
+    if guided_actions and regex is None:
+        raise ValueError(f"method {method.name!r} declares no action format to guide (Method.action_tags)")
     steps = EnvStepBatcher(retriever)
     gate = asyncio.Semaphore(max(1, concurrency))
 
@@ -97,7 +104,8 @@ async def run_questions(
             env = SearchEnv(retriever, None, config,
                             tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
-            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls)
+            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls,
+                                  action_regex=regex)
             record = await run_question(method, ctx)
         if on_result is not None:
             on_result(record)

@@ -32,6 +32,7 @@ def _preview_env(base: EnvConfig, k: int, max_expand: int, max_searches: int, ma
 @register("seeds-react")
 @dataclass
 class SeedsReAct(Method):
+    action_tags = ("search", "expand", "answer")
     k: int = 10
     max_expand: int = 10
     max_searches: int = 4
@@ -52,6 +53,7 @@ class SeedsReAct(Method):
 @register("seeds-o1")
 @dataclass
 class SeedsO1(Method):
+    action_tags = ("search", "expand", "answer")
     k: int = 10
     max_expand: int = 10
     max_searches: int = 5

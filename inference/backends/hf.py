@@ -28,6 +28,10 @@ Log-probabilities (``Completion.logprobs``), by ``logprobs_mode``:
 - ``"processed"``: the log-probability under the distribution actually sampled from
   (temperature, top-k and top-p applied, renormalised); ``0.0`` for greedy rows.
 
+Guided decoding: a request with ``regex`` decodes only tokens that keep its completion a prefix
+of the expression (:mod:`inference.backends.guided`, llguidance); as with ``allowed_token_ids``,
+the sample and the "raw" log-prob come from the masked logits.
+
 Stop strings: the stop string ends ``text`` exactly. ``token_ids`` end with the token that
 completed it, which may carry a few characters past the stop string (those are cut from
 ``text`` only). Stop strings are matched on the decoded text with special tokens skipped.
@@ -56,6 +60,7 @@ import torch
 
 from inference.backends.chat import prompt_token_ids
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
+from inference.backends.guided import RegexGuides
 from inference.backends.hf_cache import (
     growing_cache_supported,
     keep_rows,
@@ -81,6 +86,7 @@ class _Row:
     limit: int  # new tokens allowed (max_tokens, capped by the context)
     text: IncrementalText
     generator: torch.Generator | None = None
+    guide: Any = None  # an llguidance matcher when the request has a regex (inference.backends.guided)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -88,6 +94,8 @@ class _Row:
 
     def push(self, token: int, logprob: float, eos_ids: frozenset[int]) -> bool:
         """Record the sampled token; return True while the row goes on."""
+        if self.guide is not None:
+            self.guide.consume_token(token)
         if token in eos_ids:
             self.finish_reason = "eos"
             return False
@@ -151,6 +159,7 @@ class HFBackend(LLMBackend):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self._keep_last_only = "logits_to_keep" in params
         self._lock = threading.Lock()  # one batch at a time on the model
+        self._regex_guides: RegexGuides | None = None
 
     # ----------------------------------------------------------------------------- public API
 
@@ -180,6 +189,8 @@ class HFBackend(LLMBackend):
             prompts.append(ids)
             if i not in errors and (problem := self._prompt_problem(ids, request.allowed_token_ids)):
                 errors[i] = problem
+            if i not in errors and request.regex is not None and (problem := self._guides().problem(request.regex)):
+                errors[i] = problem
             if i not in errors:
                 rows.extend(self._rows(i, ids, request))
         finished_at = [start] * len(requests)
@@ -206,6 +217,12 @@ class HFBackend(LLMBackend):
                 completions = [row.completion() for row in by_request[i]]
             results.append(GenerationResult(completions, prompts[i], finished_at[i] - start))
         return results
+
+    def _guides(self) -> RegexGuides:
+        """The llguidance matchers over this tokenizer (built on the first guided request)."""
+        if self._regex_guides is None:
+            self._regex_guides = RegexGuides(self.tokenizer, self.vocab_size, self.eos_ids)
+        return self._regex_guides
 
     def _base_model(self) -> Any:
         """The transformers model under wrappers such as peft (for signature checks)."""
@@ -245,8 +262,9 @@ class HFBackend(LLMBackend):
                 seed = sample_seed(request.seed, j) if request.seed is not None else int(
                     torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed when no seed is given
                 generator = torch.Generator(device=self.device).manual_seed(seed)
+            guide = self._guides().matcher(request.regex) if request.regex is not None else None
             rows.append(_Row(index, j, ids, request, limit, IncrementalText(self.tokenizer, ids, request.stop),
-                             generator))
+                             generator, guide))
         return rows
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -319,6 +337,8 @@ class HFBackend(LLMBackend):
         choose among those tokens only: their logits are restricted first, so both the sample and
         the "raw" log-prob are those of the model's distribution renormalised over the choices."""
         logits = restrict_to_allowed(logits, [row.settings.allowed_token_ids for row in rows])
+        if any(row.guide is not None for row in rows):
+            logits = self._guides().mask(logits, [row.guide for row in rows])
         tokens = logits.argmax(-1)  # greedy rows keep these
         processed = torch.zeros(len(rows), device=logits.device)  # log 1 for greedy rows
         sampled = [k for k, row in enumerate(rows) if row.settings.temperature > 0]

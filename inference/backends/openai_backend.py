@@ -6,7 +6,8 @@ and 5xx are retried with exponential back-off; any other 4xx, or running out of 
 ``"error"`` completions carrying the server's message rather than an exception.
 
 With ``vllm_extensions`` (default: on, except for api.openai.com) the body also carries vLLM's
-``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``.
+``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``,
+and a request's ``regex`` as ``structured_outputs: {"regex": ...}`` (guided decoding, vLLM >= 0.11).
 What comes back, field by field:
 
 - ``text``: as sent. A server that strips the matched stop string but names it (vLLM's
@@ -61,6 +62,10 @@ def request_body(model: str, request: GenerationRequest, vllm_extensions: bool) 
         if not vllm_extensions:
             raise ValueError("allowed_token_ids needs a vLLM-compatible server (vllm_extensions on)")
         body["allowed_token_ids"] = list(request.allowed_token_ids)
+    if request.regex is not None:
+        if not vllm_extensions:
+            raise ValueError("a request's regex (guided decoding) needs a vLLM-compatible server (vllm_extensions on)")
+        body["structured_outputs"] = {"regex": request.regex}  # vLLM >= 0.11's field
     if vllm_extensions:
         if request.top_k > 0:
             body["top_k"] = request.top_k
