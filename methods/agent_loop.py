@@ -68,7 +68,7 @@ async def run_agent_turns(
 ) -> None:
     """Run turns until the episode ends.
 
-    Each turn's request carries ``ctx.action_regex`` (guided actions, when the run asks for them).
+    With guided actions (``ctx.action_tags``), each turn's request carries :meth:`QuestionContext.turn_regex`.
     ``translate`` rewrites the model's text into an env action (e.g. dyn-k's ``<read>n</read>``);
     ``on_observation(outcome, model_text)`` may replace what is appended after an action
     (e.g. Search-o1's condensed ``<result>``); returning None appends the env observation.
@@ -87,7 +87,7 @@ async def run_agent_turns(
             await forced_answer(ctx, transcript)
             return
         result = await ctx.generate(transcript.prompt(), stop=stops, max_tokens=max_tokens, tag="turn",
-                                    regex=ctx.action_regex)
+                                    regex=ctx.turn_regex())
         completion = result.completions[0]
         if completion.finish_reason == "error":
             await ctx.give_up("llm_error")

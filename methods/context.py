@@ -15,6 +15,7 @@ from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
 from methods.env_batcher import EnvStepBatcher
+from methods.guidance import turn_regex
 from methods.llm import (
     GenerationRequest,
     GenerationResult,
@@ -41,9 +42,9 @@ class StepOutcome:
 
 class QuestionContext:
     def __init__(self, example: QAExample, env: SearchEnv, llm: LLMBackend, steps: EnvStepBatcher,
-                 seed: int = 0, max_llm_calls: int = 64, action_regex: str | None = None):
+                 seed: int = 0, max_llm_calls: int = 64, action_tags: tuple[str, ...] = ()):
         self.example = example
-        self.action_regex = action_regex  # set: agent turns decode only this action format (guided actions)
+        self.action_tags = tuple(action_tags)  # guided actions: the method's action tags (empty: not guided)
         self.env = env
         self.llm = llm
         self._steps = steps
@@ -73,6 +74,13 @@ class QuestionContext:
         return self.llm.tokenizer
 
     # -- LLM -----------------------------------------------------------------------------------
+
+    def turn_regex(self) -> str | None:
+        """With guided actions, the regular expression of the next agent turn: free text, then one
+        action the env accepts now (:func:`methods.guidance.turn_regex`); None otherwise."""
+        if not self.action_tags:
+            return None
+        return turn_regex(self.action_tags, self.env.episode, self.env.config)
 
     async def generate(self, prompt: Prompt, *, stop: tuple[str, ...] | list[str] = (), max_tokens: int = 256,
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "",

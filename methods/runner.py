@@ -92,8 +92,8 @@ async def run_questions(
     The env counts observation caps in ``env_tokenizer``'s tokens when given (a policy trained on
     these episodes), else in the backend's tokenizer (words when it has none)."""
     config = method.env_config(env_config or EnvConfig())
-    regex = method.action_regex() if guided_actions else None
-    if guided_actions and regex is None:
+    tags = method.action_tags if guided_actions else ()
+    if guided_actions and method.action_regex() is None:
         raise ValueError(f"method {method.name!r} declares no action format to guide (Method.action_tags)")
     steps = EnvStepBatcher(retriever)
     gate = asyncio.Semaphore(max(1, concurrency))
@@ -105,7 +105,7 @@ async def run_questions(
                             tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
             ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls,
-                                  action_regex=regex)
+                                  action_tags=tags)
             record = await run_question(method, ctx)
         if on_result is not None:
             on_result(record)

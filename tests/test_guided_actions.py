@@ -12,10 +12,12 @@ from tiny_models import bpe_tokenizer
 from tiny_models import tiny_llama as shared_tiny_llama
 
 import methods
+from envs.config import EnvConfig
+from envs.episode import EpisodeState
 from envs.protocol import CLOSING_TAGS, InvalidAction, parse_action
 from inference.backends.openai_backend import request_body
 from inference.backends.vllm_backend import guided_kwargs
-from methods.guidance import action_regex
+from methods.guidance import action_regex, open_tags
 from methods.llm import GenerationRequest
 from methods.runner import run_questions_sync
 
@@ -38,6 +40,10 @@ def test_action_regex_accepts_one_well_formed_action_only():
                 "<answer>Paris</answer> and more", "<read>2</read>"):
         assert not fullmatch(regex, bad), bad
     assert fullmatch(action_regex(("search", "read", "answer")), "<read>2</read>")
+    numbered = action_regex(("expand",), candidates=10, max_expand=3)
+    assert fullmatch(numbered, "<expand>10, 2 3</expand>") and fullmatch(numbered, "<expand>none</expand>")
+    assert not fullmatch(numbered, "<expand>11</expand>") and not fullmatch(numbered, "<expand>1, 2, 3, 4</expand>")
+    assert not fullmatch(numbered, "<expand>0</expand>")
     with pytest.raises(ValueError, match="no action content"):
         action_regex(("think",))
 
@@ -104,16 +110,35 @@ class RecordingLLM(FakeLLM):
         return super().generate(requests)
 
 
-def test_runner_guides_agent_turns_with_the_methods_format(retriever, examples):
-    method = methods.get("seeds-react", max_actions=4)
-    llm = RecordingLLM(lambda prompt: "Look it up. <search>capital of France</search>")  # never answers
+def test_runner_guides_agent_turns_with_the_actions_the_env_accepts(retriever, examples):
+    method = methods.get("seeds-react", max_actions=4, k=3)
+    llm = RecordingLLM(lambda prompt: "Look it up. <search>capital of France</search>")  # ignores the guide
     (record,) = run_questions_sync(method, examples[:1], llm, retriever, guided_actions=True)
     turns = [e for e in record["trace"] if e["type"] == "llm" and e["tag"] == "turn"]
     forced = [e for e in record["trace"] if e["type"] == "llm" and e["tag"] == "forced_answer"]
     assert turns and forced and all(e["guided"] for e in turns) and not any(e["guided"] for e in forced)
-    assert {r.regex for r in llm.requests} == {method.action_regex(), None}
+    first, second = (r.regex for r in llm.requests[:2])
+    assert first == action_regex(("search", "answer"))  # nothing to expand yet
+    assert fullmatch(second, "Open two. <expand>1, 3</expand>") and fullmatch(second, "<expand>none</expand>")
+    for refused in ("<search>again</search>", "<answer>Paris</answer>", "<expand>4</expand>"):
+        assert not fullmatch(second, refused), refused  # a snapshot of 3 awaits its expand
+    assert llm.requests[-1].regex is None  # the forced answer is not a turn
     (unguided,) = run_questions_sync(method, examples[:1], RecordingLLM(competent), retriever)
     assert not any(e.get("guided") for e in unguided["trace"] if e["type"] == "llm")
+
+
+def test_open_tags_follow_the_env_rules(examples):
+    config = EnvConfig(admission="preview", max_searches=2, require_expand=True)
+    episode = EpisodeState(examples[0])
+    assert open_tags(SEEDS_TAGS, episode, config) == ("search", "answer")
+    episode.awaiting_expand = True
+    assert open_tags(SEEDS_TAGS, episode, config) == ("expand",)
+    assert open_tags(("search", "answer"), episode, config) == ("search", "answer")  # none accepted: all, env explains
+    episode.awaiting_expand = False
+    episode.searches = [None, None]  # both searches spent
+    assert open_tags(SEEDS_TAGS, episode, config) == ("answer",)
+    prefix = EnvConfig(admission="prefix", max_searches=2)
+    assert open_tags(("search", "answer"), EpisodeState(examples[0]), prefix) == ("search", "answer")
 
 
 def test_guiding_a_method_without_an_action_format_is_refused(retriever):
