@@ -44,7 +44,8 @@ sample with ``finish_reason="error"``; a completion that would run past the cont
 
 Multi-turn agents that resend a growing token context every turn can keep each row's KV cache
 between calls instead: :meth:`HFBackend.session` (:mod:`inference.backends.hf_session`, same
-sampling and results, only the new tokens run).
+sampling and results, only the new tokens run), or without keys, ``prefix_cache=N``: ``generate``
+itself continues the cached row a prompt extends (:mod:`inference.backends.hf_prefix`).
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ import inspect
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +70,8 @@ from inference.backends.hf_cache import (
     new_growing_cache,
     prefill_groups,
 )
-from inference.backends.hf_session import HFSession
+from inference.backends.hf_prefix import PrefixCache
+from inference.backends.hf_session import HFSession, session_supported
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
@@ -121,7 +124,9 @@ class HFBackend(LLMBackend):
     ``device``/``dtype`` other than ``"auto"`` move it). ``max_batch_size``: rows per forward
     batch, and requests per batch formed from concurrent ``agenerate`` calls.
     ``max_context``: the longest prompt + completion (default: the config's
-    ``max_position_embeddings``).
+    ``max_position_embeddings``). ``prefix_cache``: keep the KV caches of this many finished rows
+    and run only the new tokens of a prompt that continues one (:mod:`inference.backends.hf_prefix`;
+    0, the default: off).
     """
 
     name = "hf"
@@ -129,7 +134,7 @@ class HFBackend(LLMBackend):
 
     def __init__(self, model: Any = DEFAULT_MODEL, tokenizer: Any = None, device: str = "auto", dtype: Any = "auto",
                  max_batch_size: int = 16, trust_remote_code: bool = False, logprobs_mode: str = "raw",
-                 max_context: int | None = None):
+                 max_context: int | None = None, prefix_cache: int = 0):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
         if isinstance(model, (str, os.PathLike)):
@@ -160,10 +165,13 @@ class HFBackend(LLMBackend):
         self._keep_last_only = "logits_to_keep" in params
         self._lock = threading.Lock()  # one batch at a time on the model
         self._regex_guides: RegexGuides | None = None
+        self._prefix_cache = self._new_prefix_cache(prefix_cache)
 
     # ----------------------------------------------------------------------------- public API
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self._prefix_cache is not None:
+            return self._prefix_cache.generate(requests)
         return self._generate(requests, self._decode)
 
     def session(self) -> Any:
@@ -217,6 +225,15 @@ class HFBackend(LLMBackend):
                 completions = [row.completion() for row in by_request[i]]
             results.append(GenerationResult(completions, prompts[i], finished_at[i] - start))
         return results
+
+    def _new_prefix_cache(self, rows: int) -> PrefixCache | None:
+        if not rows:
+            return None
+        if not session_supported(self):
+            warnings.warn("prefix_cache needs the growing KV cache and attention-only layers; it is off",
+                          stacklevel=3)
+            return None
+        return PrefixCache(self, rows)
 
     def _guides(self) -> RegexGuides:
         """The llguidance matchers over this tokenizer (built on the first guided request)."""
