@@ -6,8 +6,9 @@
     python -m inference.evaluate --compare runs/rag runs/seeds-react
 
 Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
-generated from the Wikipedia-summaries corpus, Gemma 3 270M (hf backend) and the default MiniLM
-index (built on first use). Predictions are appended to ``<out>/predictions.jsonl`` as they
+generated from the Wikipedia-summaries corpus, SmolLM2-135M-Instruct (hf backend) and the default
+MiniLM index (built on first use). Agent turns are guided to the method's action format on the hf
+and vllm backends unless ``--no-guided-actions``. Predictions are appended to ``<out>/predictions.jsonl`` as they
 finish, so a killed run resumes where it stopped; ``metrics.json`` and ``config.json`` sit beside.
 """
 from __future__ import annotations
@@ -35,7 +36,8 @@ from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
 from methods.runner import run_questions_sync
 
-DEFAULT_LLM = "hf:gemma3-270m"
+DEFAULT_LLM = "hf:smollm2-135m"  # chat-tuned, ~4x faster than Gemma 3 270M base on CPU
+GUIDED_BACKENDS = ("hf", "vllm")  # guided actions by default on these
 DEFAULT_QUESTIONS = 100
 
 
@@ -80,9 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "http://127.0.0.1:8000, instead of --index")
     parser.add_argument("--env-config", help="YAML env recipe (the method then sets its own mode and limits)")
     parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
-    parser.add_argument("--guided-actions", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--guided-actions", action=argparse.BooleanOptionalAction, default=None,
                         help="constrain each agent turn to free text then one well-formed action of the method's "
-                             "format (grammar-guided decoding; hf and vllm backends)")
+                             "format (grammar-guided decoding); default: on for methods with an action format on "
+                             "the hf and vllm backends")
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-llm-calls", type=int, default=64, help="per question")
@@ -138,6 +141,15 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
         "seed": args.seed,
         "max_llm_calls": args.max_llm_calls,
     }
+
+
+def resolve_guided_actions(args: argparse.Namespace, method) -> bool:
+    """``--guided-actions`` as given, else on for a method with an action format on hf/vllm."""
+    if args.guided_actions is not None:
+        if args.guided_actions and method.action_regex() is None:
+            raise SystemExit(f"--guided-actions: method {args.method} declares no action format to guide")
+        return args.guided_actions
+    return method.action_regex() is not None and (args.llm or DEFAULT_LLM).partition(":")[0] in GUIDED_BACKENDS
 
 
 def run_identity(config: dict) -> dict:
@@ -211,8 +223,7 @@ def build_method(args: argparse.Namespace):
 
 def evaluate(args: argparse.Namespace) -> dict:
     method = build_method(args)
-    if args.guided_actions and method.action_regex() is None:
-        raise SystemExit(f"--guided-actions: method {args.method} declares no action format to guide")
+    args.guided_actions = resolve_guided_actions(args, method)
     base_env = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
     config = run_config(args, method, method.env_config(base_env))
     out = Path(args.out)

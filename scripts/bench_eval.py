@@ -1,14 +1,16 @@
 """Benchmark: SEEDS-ReAct on the embedded default, with and without guided actions.
 
-The same questions (generated from the embedded default corpus, default MiniLM index) run once
-with free decoding and once with ``guided_actions`` (each turn decodes only free text then one
+The same questions (generated from the embedded default corpus, default MiniLM index) run with
+free decoding and with ``guided_actions`` (each turn decodes only free text then one
 well-formed ``<search>``/``<expand>``/``<answer>`` action, :mod:`methods.guidance`), on one
-loaded model, all questions in flight together as ``python -m inference.evaluate`` runs them.
+loaded model, all questions in flight together as ``python -m inference.evaluate`` runs them;
+with an ``hf`` model both again with ``prefix_cache`` (:mod:`inference.backends.hf_prefix`).
 Prints, per setting, invalid actions, searches, EM, prompt and generated tokens and seconds per
 question, then how long a prefill of one question's prompt tokens takes (the share of the time
 that prefix reuse across turns could save at most), and last:
 
-``invalid_per_question=<x> eval_s_per_question=<x>`` (guided), then the unguided figures.
+``invalid_per_question=<x> eval_s_per_question=<x>`` (guided, with the prefix cache for ``hf``), then
+the unguided figures without it.
 
     python scripts/bench_eval.py [--llm hf:smollm2-135m] [--questions 2] [--max-actions 6]
 """
@@ -49,6 +51,11 @@ def run_setting(llm, retriever, examples, max_actions: int, guided: bool, seed: 
     }
 
 
+def report(llm: str, name: str, figures: dict) -> None:
+    print(f"{llm} {name}: " + " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                       for k, v in figures.items()), flush=True)
+
+
 def prefill_seconds(llm, tokens: int, chunk: int) -> float:
     """Seconds to prefill ``tokens`` prompt tokens in prompts of ``chunk`` tokens (no decoding)."""
     ids = torch.randint(100, 1000, (1, chunk))
@@ -70,18 +77,22 @@ def main() -> None:
     llm = load_backend(args.llm)
     retriever = open_run_retriever(None, None)
     results = {}
-    for guided in (False, True):
-        name = "guided" if guided else "unguided"
+    for name, guided in (("unguided", False), ("guided", True)):
         results[name] = run_setting(llm, retriever, examples, args.max_actions, guided, args.seed)
-        print(f"{args.llm} {name}: " + " ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                                                 for k, v in results[name].items()), flush=True)
+        report(args.llm, name, results[name])
+    if args.llm.startswith("hf:"):
+        cached = load_backend(args.llm, prefix_cache=4 * len(examples))
+        for name, guided in (("unguided+prefix_cache", False), ("guided+prefix_cache", True)):
+            results[name] = run_setting(cached, retriever, examples, args.max_actions, guided, args.seed)
+            report(args.llm, name, results[name])
+        cached.close()
     prompt_tokens = results["unguided"]["prompt_tokens_per_question"]
     turns = max(1.0, results["unguided"]["actions_per_question"])
     prefill = prefill_seconds(llm, int(prompt_tokens), max(16, int(prompt_tokens / turns)))
     print(f"prefill of one question's {prompt_tokens:.0f} prompt tokens ({turns:.1f} turns): {prefill:.1f} s "
           f"of {results['unguided']['eval_s_per_question']:.1f} s per question (the most prefix reuse could save)")
     llm.close()
-    guided, free = results["guided"], results["unguided"]
+    guided, free = results.get("guided+prefix_cache", results["guided"]), results["unguided"]
     print(f"invalid_per_question={guided['invalid_per_question']:.2f} "
           f"eval_s_per_question={guided['eval_s_per_question']:.1f} "
           f"invalid_per_question_unguided={free['invalid_per_question']:.2f} "

@@ -53,6 +53,8 @@ def test_run_writes_predictions_metrics_and_config(setup, capsys):
     assert metrics["docs_read_per_question"] == 2.0
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["method"] == "seeds-react" and config["env"]["admission"] == "preview"
+    assert config["guided_actions"] is True  # a method with an action format on an hf backend
+    assert first["trace"][0]["guided"] is True
     assert "Beyond-prefix" in capsys.readouterr().out
 
 
@@ -80,7 +82,7 @@ def test_a_larger_limit_or_sample_extends_the_run(setup):
     assert len(setup["llm"].prompts) == calls + 2
     assert sorted(r["id"] for r in load_predictions(path)) == ["a", "b", "c"]
     config = json.loads((setup["out"] / "config.json").read_text())
-    assert config["limit"] == 3 and config["sample"] is None and config["guided_actions"] is False
+    assert config["limit"] == 3 and config["sample"] is None and config["guided_actions"] is False  # no format
     ev.main(argv(setup, "vanilla-rag", "--sample", "2", "--seed", "0"))
     metrics = json.loads((setup["out"] / "metrics.json").read_text())
     assert metrics["questions"] == 2 and json.loads((setup["out"] / "config.json").read_text())["sample"] == 2
@@ -109,10 +111,10 @@ def test_runs_from_before_new_config_keys_resume(setup):
     old = json.loads(config_path.read_text())
     del old["sample"], old["guided_actions"]  # as written before these options existed
     config_path.write_text(json.dumps(old))
-    ev.main(argv(setup, "seeds-react", "--limit", "2"))
-    assert len(load_predictions(setup["out"] / "predictions.jsonl")) == 2
     with pytest.raises(SystemExit, match=r"different configuration \(guided_actions\)"):
-        ev.main(argv(setup, "seeds-react", "--limit", "2", "--guided-actions"))
+        ev.main(argv(setup, "seeds-react", "--limit", "2"))  # guided by default now: not the old run
+    ev.main(argv(setup, "seeds-react", "--limit", "2", "--no-guided-actions"))
+    assert len(load_predictions(setup["out"] / "predictions.jsonl")) == 2
     with pytest.raises(SystemExit, match="declares no action format"):
         ev.main(argv(setup, "vanilla-rag", "--guided-actions", "--overwrite"))
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-INSTALL_HINT = "guided decoding (a request's regex) needs llguidance: pip install 'seeds-rl[guided]'"
+INSTALL_HINT = "guided decoding (a request's regex) needs llguidance: pip install llguidance"
 
 
 def _llguidance() -> Any:
