@@ -152,6 +152,14 @@ def resolve_guided_actions(args: argparse.Namespace, method) -> bool:
     return method.action_regex() is not None and (args.llm or DEFAULT_LLM).partition(":")[0] in GUIDED_BACKENDS
 
 
+def backend_options(args: argparse.Namespace, options: dict) -> dict:
+    """``--llm-option`` values, plus for the hf backend a prefix cache of one row per question in
+    flight (``prefix_cache``; it changes speed, not results, so it is not in ``config.json``)."""
+    if (args.llm or DEFAULT_LLM).partition(":")[0] == "hf":
+        return {"prefix_cache": max(1, args.concurrency), **options}
+    return dict(options)
+
+
 def run_identity(config: dict) -> dict:
     """The part of a run's config that a resumed run must match."""
     identity = {**ADDED_KEYS, **config}
@@ -235,7 +243,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     print(f"{args.method}: {len(examples)} questions, {len(done)} already done, {len(todo)} to run -> {out}",
           file=sys.stderr)
     if todo:
-        llm = load_backend(args.llm or DEFAULT_LLM, **config["llm_options"])
+        llm = load_backend(args.llm or DEFAULT_LLM, **backend_options(args, config["llm_options"]))
         retriever = load_retriever(args)
         bar = tqdm(total=len(todo), desc=args.method, unit="q")
         with PredictionWriter(out / "predictions.jsonl", {r["id"] for r in done}) as writer:

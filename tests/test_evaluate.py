@@ -29,8 +29,10 @@ def setup(tmp_path, monkeypatch):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     llm = FakeLLM(competent)
-    monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: llm)
-    return {"index": str(index), "data": str(data), "out": tmp_path / "run", "llm": llm}
+    backend_options = []
+    monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: backend_options.append(kw) or llm)
+    return {"backend_options": backend_options, "index": str(index), "data": str(data), "out": tmp_path / "run",
+            "llm": llm}
 
 
 def argv(setup, method="seeds-react", *extra):
@@ -54,6 +56,7 @@ def test_run_writes_predictions_metrics_and_config(setup, capsys):
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["method"] == "seeds-react" and config["env"]["admission"] == "preview"
     assert config["guided_actions"] is True  # a method with an action format on an hf backend
+    assert setup["backend_options"] == [{"prefix_cache": 32}] and "prefix_cache" not in config["llm_options"]
     assert first["trace"][0]["guided"] is True
     assert "Beyond-prefix" in capsys.readouterr().out
 
