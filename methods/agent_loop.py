@@ -69,6 +69,7 @@ async def run_agent_turns(
 ) -> None:
     """Run turns until the episode ends.
 
+    With guided actions (``ctx.action_tags``), each turn's request carries :meth:`QuestionContext.turn_regex`.
     ``translate`` rewrites the model's text into an env action (e.g. dyn-k's ``<read>n</read>``);
     ``on_observation(outcome, model_text)`` may replace what is appended after an action
     (e.g. Search-o1's condensed ``<result>``); returning None appends the env observation.
@@ -87,7 +88,8 @@ async def run_agent_turns(
                 transcript.add_observation(outcome.observation)
             await forced_answer(ctx, transcript, forced_answer_tokens)
             return
-        result = await ctx.generate(transcript.prompt(), stop=stops, max_tokens=max_tokens, tag="turn")
+        result = await ctx.generate(transcript.prompt(), stop=stops, max_tokens=max_tokens, tag="turn",
+                                    regex=ctx.turn_regex())
         completion = result.completions[0]
         if completion.finish_reason == "error":
             await ctx.give_up("llm_error")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from envs.config import EnvConfig
 from envs.typed_config import merge_values
+from methods.guidance import action_regex
 
 if TYPE_CHECKING:
     from methods.context import QuestionContext
@@ -55,6 +56,7 @@ class Method(ABC):
     # A leading <think> block is taken out of every completion before the method parses it
     # (methods.thinking); trained token-in/token-out protocols turn this off to match training.
     handles_thinking: ClassVar[bool] = True
+    action_tags: ClassVar[tuple[str, ...]] = ()  # the tags its turns end in (guided decoding), if it has them
 
     def fixed_env(self) -> dict[str, Any]:
         """EnvConfig fields the method's protocol fixes (admission mode, limits its own options imply)."""
@@ -79,6 +81,11 @@ class Method(ABC):
     @abstractmethod
     async def run(self, ctx: QuestionContext) -> None:
         """Answer ``ctx.question`` by calling ``ctx.generate`` and the env actions."""
+
+    def action_regex(self) -> str | None:
+        """The regular expression of one agent turn in this method's action format
+        (:func:`methods.guidance.action_regex` of :attr:`action_tags`); None: no action format."""
+        return action_regex(self.action_tags) if self.action_tags else None
 
     def options(self) -> dict[str, Any]:
         """The method's settings, as saved with a run's resolved configuration."""

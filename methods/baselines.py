@@ -64,6 +64,7 @@ class VanillaRAG(Method):
 @dataclass
 class ReActFixedK(Method):
     """ReAct reading the top-k prefix after every search (k in {1, 3, 5, 10} in the papers)."""
+    action_tags = ("search", "answer")
 
     paper_env: ClassVar[dict] = paper_limits(k=5, max_searches=4, max_actions=10)
     max_tokens: int = 256
@@ -85,6 +86,7 @@ class ReActFixedK(Method):
 @dataclass
 class ReActDynamicK(Method):
     """ReAct where the model picks how many top-ranked results to read (a prefix), unseen."""
+    action_tags = ("search", "read", "answer")
 
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=10)
     max_tokens: int = 256
@@ -138,6 +140,7 @@ async def reason_in_documents(ctx: QuestionContext, reasoning: str, query: str, 
 @dataclass
 class SearchO1(Method):
     """Search-o1: reasoning with search tags; a reader condenses the top-k documents of each search."""
+    action_tags = ("search", "answer")
 
     paper_env: ClassVar[dict] = paper_limits(k=10, max_searches=5, max_actions=12)
     max_tokens: int = 512

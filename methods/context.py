@@ -17,6 +17,7 @@ from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
 from methods.env_batcher import EnvStepBatcher
+from methods.guidance import turn_regex
 from methods.llm import (
     Completion,
     GenerationRequest,
@@ -57,8 +58,10 @@ class StepOutcome:
 
 class QuestionContext:
     def __init__(self, example: QAExample, env: SearchEnv, llm: LLMBackend, steps: EnvStepBatcher,
-                 seed: int = 0, max_llm_calls: int = 64, handle_thinking: bool = True):
+                 seed: int = 0, max_llm_calls: int = 64, handle_thinking: bool = True,
+                 action_tags: tuple[str, ...] = ()):
         self.example = example
+        self.action_tags = tuple(action_tags)  # guided actions: the method's action tags (empty: not guided)
         self.env = env
         self.llm = llm
         self._steps = steps
@@ -90,11 +93,19 @@ class QuestionContext:
 
     # -- LLM -----------------------------------------------------------------------------------
 
+    def turn_regex(self) -> str | None:
+        """With guided actions, the regular expression of the next agent turn: free text, then one
+        action the env accepts now (:func:`methods.guidance.turn_regex`); None otherwise."""
+        if not self.action_tags:
+            return None
+        return turn_regex(self.action_tags, self.env.episode, self.env.config)
+
     async def generate(self, prompt: Prompt, *, stop: tuple[str, ...] | list[str] = (), max_tokens: int = 256,
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "",
-                       allowed_token_ids: tuple[int, ...] = ()) -> GenerationResult:
+                       allowed_token_ids: tuple[int, ...] = (), regex: str | None = None) -> GenerationResult:
         """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``);
-        ``allowed_token_ids``: a constrained choice (see :class:`GenerationRequest`).
+        ``allowed_token_ids``: a constrained choice; ``regex``: guided decoding (see
+        :class:`GenerationRequest`).
 
         With ``handle_thinking`` (every prompted method) a leading ``<think>`` block is taken out of
         the completion's text into ``completion.thinking`` before the method sees it, and a stop
@@ -107,7 +118,7 @@ class QuestionContext:
             raise EpisodeOver(f"LLM call limit of {self.max_llm_calls} reached")
         request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens, temperature=temperature,
                                     top_p=top_p, top_k=top_k, seed=self.seed + self.llm_calls,
-                                    allowed_token_ids=tuple(allowed_token_ids))
+                                    allowed_token_ids=tuple(allowed_token_ids), regex=regex)
         self.llm_calls += 1
         started = time.perf_counter()
         result = await self.llm.agenerate(request)
@@ -121,7 +132,7 @@ class QuestionContext:
         self.completion_tokens += result.completion_tokens + sum(len(p.token_ids) for p in parts[1:])
         self.trace.append({
             "type": "llm", "tag": tag, "prompt": _prompt_for_trace(prompt), "output": raw,
-            "finish_reason": parts[-1].finish_reason, "error": parts[-1].error,
+            "finish_reason": parts[-1].finish_reason, "error": parts[-1].error, "guided": regex is not None,
             "prompt_tokens": result.prompt_tokens, "completion_tokens": sum(len(p.token_ids) for p in parts),
             "latency_s": round(time.perf_counter() - started, 4), **entry,
         })

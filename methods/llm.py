@@ -32,6 +32,10 @@ class GenerationRequest:
     ``allowed_token_ids``: when not empty, every generated token is one of these (a constrained
     choice, e.g. the yes/no verdict of the judgement form); the completion's log-probs are then
     those of the distribution renormalised over these tokens (see each backend's notes).
+    ``regex``: when set, the completion is constrained to match this regular expression in full
+    (grammar-guided decoding; the hf backend through ``llguidance``, vllm through its structured
+    outputs). A method's action format (:mod:`methods.guidance`) is the usual one; the
+    completion then ends where the expression does (a closing tag, kept like a stop string).
     """
 
     prompt: Prompt
@@ -43,6 +47,7 @@ class GenerationRequest:
     seed: int | None = None
     n: int = 1
     allowed_token_ids: tuple[int, ...] = ()
+    regex: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -82,6 +82,7 @@ async def run_questions(
     max_llm_calls: int = 64,
     on_result: Callable[[dict], None] | None = None,
     env_tokenizer: Any = None,
+    guided_actions: bool = False,
 ) -> list[dict]:
     """Predictions for ``examples`` (in input order); ``on_result`` sees each as it finishes.
 
@@ -89,9 +90,15 @@ async def run_questions(
     the env's, :meth:`~methods.base.Method.fit_env`); None: the method's own paper env
     (:meth:`~methods.base.Method.env_config`).
 
+    ``guided_actions``: every agent turn decodes only the method's action format
+    (:meth:`Method.action_regex`; ValueError for a method without one).
+
     The env counts observation caps in ``env_tokenizer``'s tokens when given (a policy trained on
     these episodes), else in the backend's tokenizer (words when it has none)."""
     config = method.fit_env(env_config) if env_config is not None else method.env_config()
+    tags = method.action_tags if guided_actions else ()
+    if guided_actions and method.action_regex() is None:
+        raise ValueError(f"method {method.name!r} declares no action format to guide (Method.action_tags)")
     steps = EnvStepBatcher(retriever)
     gate = asyncio.Semaphore(max(1, concurrency))
 
@@ -102,7 +109,7 @@ async def run_questions(
                             tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
             ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls,
-                                  handle_thinking=method.handles_thinking)
+                                  handle_thinking=method.handles_thinking, action_tags=tags)
             record = await run_question(method, ctx)
         if on_result is not None:
             on_result(record)

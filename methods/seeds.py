@@ -35,6 +35,7 @@ def limits_text(env: EnvConfig) -> dict[str, int]:
 @dataclass
 class SeedsReAct(Method):
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=12)
+    action_tags = ("search", "expand", "answer")
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
@@ -53,6 +54,7 @@ class SeedsReAct(Method):
 @dataclass
 class SeedsO1(Method):
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=5, max_actions=14)
+    action_tags = ("search", "expand", "answer")
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256

@@ -29,8 +29,10 @@ def setup(tmp_path, monkeypatch):
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     llm = FakeLLM(competent)
-    monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: llm)
-    return {"index": str(index), "data": str(data), "out": tmp_path / "run", "llm": llm}
+    backend_options = []
+    monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: backend_options.append(kw) or llm)
+    return {"backend_options": backend_options, "index": str(index), "data": str(data), "out": tmp_path / "run",
+            "llm": llm}
 
 
 def argv(setup, method="seeds-react", *extra):
@@ -53,6 +55,9 @@ def test_run_writes_predictions_metrics_and_config(setup, capsys):
     assert metrics["docs_read_per_question"] == 2.0
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["method"] == "seeds-react" and config["env"]["admission"] == "preview"
+    assert config["guided_actions"] is True  # a method with an action format on an hf backend
+    assert setup["backend_options"] == [{"prefix_cache": 32}] and "prefix_cache" not in config["llm_options"]
+    assert first["trace"][0]["guided"] is True
     assert "Beyond-prefix" in capsys.readouterr().out
 
 
@@ -65,11 +70,56 @@ def test_killed_run_resumes_without_duplicates(setup):
     ev.main(argv(setup, "vanilla-rag", "--limit", "2"))  # same config: nothing left to run
     assert len(setup["llm"].prompts) == calls_before
     assert [r["id"] for r in load_predictions(path)] == ["a", "b"]
-    with pytest.raises(SystemExit, match="different configuration"):
-        ev.main(argv(setup, "vanilla-rag", "--limit", "3"))
+    with pytest.raises(SystemExit, match=r"different configuration \(seed\)"):
+        ev.main(argv(setup, "vanilla-rag", "--limit", "2", "--seed", "1"))
     ev.main(argv(setup, "vanilla-rag", "--limit", "3", "--overwrite"))
     ids = [r["id"] for r in load_predictions(path)]
     assert sorted(ids) == ["a", "b", "c"] and len(ids) == 3
+
+
+def test_a_larger_limit_or_sample_extends_the_run(setup):
+    path = setup["out"] / "predictions.jsonl"
+    ev.main(argv(setup, "vanilla-rag", "--limit", "1"))
+    calls = len(setup["llm"].prompts)
+    ev.main(argv(setup, "vanilla-rag", "--limit", "3"))  # not refused: runs b and c only
+    assert len(setup["llm"].prompts) == calls + 2
+    assert sorted(r["id"] for r in load_predictions(path)) == ["a", "b", "c"]
+    config = json.loads((setup["out"] / "config.json").read_text())
+    assert config["limit"] == 3 and config["sample"] is None and config["guided_actions"] is False  # no format
+    ev.main(argv(setup, "vanilla-rag", "--sample", "2", "--seed", "0"))
+    metrics = json.loads((setup["out"] / "metrics.json").read_text())
+    assert metrics["questions"] == 2 and json.loads((setup["out"] / "config.json").read_text())["sample"] == 2
+    assert len(setup["llm"].prompts) == calls + 2  # the sample's questions were all done already
+
+
+def test_sample_is_seeded_nested_and_recorded(setup, tmp_path):
+    data = tmp_path / "many.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Question {i}?", "golden_answers": ["x"]}) + "\n"
+                            for i in range(40)))
+
+    def ids(*extra):
+        args = ev.resolve_args(["--method", "vanilla-llm", "--data", str(data), "--out", "o", *extra])
+        return [e.id for e in ev.load_examples(args)]
+    five, ten = ids("--sample", "5", "--seed", "3"), ids("--sample", "10", "--seed", "3")
+    assert len(five) == 5 and five == ids("--sample", "5", "--seed", "3") and set(five) < set(ten)
+    assert five != ids("--sample", "5", "--seed", "4") and five != [f"q{i}" for i in range(5)]
+    assert five == sorted(five, key=lambda q: int(q[1:]))  # file order
+    with pytest.raises(SystemExit, match="not both"):
+        ids("--sample", "5", "--limit", "5")
+
+
+def test_runs_from_before_new_config_keys_resume(setup):
+    ev.main(argv(setup, "seeds-react", "--limit", "1"))
+    config_path = setup["out"] / "config.json"
+    old = json.loads(config_path.read_text())
+    del old["sample"], old["guided_actions"]  # as written before these options existed
+    config_path.write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match=r"different configuration \(guided_actions\)"):
+        ev.main(argv(setup, "seeds-react", "--limit", "2"))  # guided by default now: not the old run
+    ev.main(argv(setup, "seeds-react", "--limit", "2", "--no-guided-actions"))
+    assert len(load_predictions(setup["out"] / "predictions.jsonl")) == 2
+    with pytest.raises(SystemExit, match="declares no action format"):
+        ev.main(argv(setup, "vanilla-rag", "--guided-actions", "--overwrite"))
 
 
 def test_resume_runs_only_missing_questions(setup):

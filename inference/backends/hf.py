@@ -28,6 +28,10 @@ Log-probabilities (``Completion.logprobs``), by ``logprobs_mode``:
 - ``"processed"``: the log-probability under the distribution actually sampled from
   (temperature, top-k and top-p applied, renormalised); ``0.0`` for greedy rows.
 
+Guided decoding: a request with ``regex`` decodes only tokens that keep its completion a prefix
+of the expression (:mod:`inference.backends.guided`, llguidance); as with ``allowed_token_ids``,
+the sample and the "raw" log-prob come from the masked logits.
+
 Stop strings: the stop string ends ``text`` exactly. ``token_ids`` end with the token that
 completed it, which may carry a few characters past the stop string (those are cut from
 ``text`` only). Stop strings are matched on the decoded text with special tokens skipped.
@@ -40,7 +44,8 @@ sample with ``finish_reason="error"``; a completion that would run past the cont
 
 Multi-turn agents that resend a growing token context every turn can keep each row's KV cache
 between calls instead: :meth:`HFBackend.session` (:mod:`inference.backends.hf_session`, same
-sampling and results, only the new tokens run).
+sampling and results, only the new tokens run), or without keys, ``prefix_cache=N``: ``generate``
+itself continues the cached row a prompt extends (:mod:`inference.backends.hf_prefix`).
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ import inspect
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,7 @@ import torch
 
 from inference.backends.chat import check_thinking_switch, prompt_token_ids, thinking_setting
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
+from inference.backends.guided import RegexGuides
 from inference.backends.hf_cache import (
     growing_cache_supported,
     keep_rows,
@@ -63,7 +70,8 @@ from inference.backends.hf_cache import (
     new_growing_cache,
     prefill_groups,
 )
-from inference.backends.hf_session import HFSession
+from inference.backends.hf_prefix import PrefixCache
+from inference.backends.hf_session import HFSession, session_supported
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
@@ -81,6 +89,7 @@ class _Row:
     limit: int  # new tokens allowed (max_tokens, capped by the context)
     text: IncrementalText
     generator: torch.Generator | None = None
+    guide: Any = None  # an llguidance matcher when the request has a regex (inference.backends.guided)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -88,6 +97,8 @@ class _Row:
 
     def push(self, token: int, logprob: float, eos_ids: frozenset[int]) -> bool:
         """Record the sampled token; return True while the row goes on."""
+        if self.guide is not None:
+            self.guide.consume_token(token)
         if token in eos_ids:
             self.finish_reason = "eos"
             return False
@@ -115,6 +126,8 @@ class HFBackend(LLMBackend):
     ``max_context``: the longest prompt + completion (default: the config's
     ``max_position_embeddings``). ``thinking``: ``"on"``/``"off"`` sets the chat template's
     ``enable_thinking`` switch (ValueError when it has none), ``"auto"``/None keeps its default.
+    ``prefix_cache``: keep the KV caches of this many finished rows and run only the new tokens of
+    a prompt that continues one (:mod:`inference.backends.hf_prefix`; 0, the default: off).
     """
 
     name = "hf"
@@ -122,7 +135,7 @@ class HFBackend(LLMBackend):
 
     def __init__(self, model: Any = DEFAULT_MODEL, tokenizer: Any = None, device: str = "auto", dtype: Any = "auto",
                  max_batch_size: int = 16, trust_remote_code: bool = False, logprobs_mode: str = "raw",
-                 max_context: int | None = None, thinking: str | bool | None = None):
+                 max_context: int | None = None, thinking: str | bool | None = None, prefix_cache: int = 0):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
         if isinstance(model, (str, os.PathLike)):
@@ -154,10 +167,14 @@ class HFBackend(LLMBackend):
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self._keep_last_only = "logits_to_keep" in params
         self._lock = threading.Lock()  # one batch at a time on the model
+        self._regex_guides: RegexGuides | None = None
+        self._prefix_cache = self._new_prefix_cache(prefix_cache)
 
     # ----------------------------------------------------------------------------- public API
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self._prefix_cache is not None:
+            return self._prefix_cache.generate(requests)
         return self._generate(requests, self._decode)
 
     def session(self) -> Any:
@@ -182,6 +199,8 @@ class HFBackend(LLMBackend):
                 ids, errors[i] = [], f"could not tokenise the prompt: {err}"
             prompts.append(ids)
             if i not in errors and (problem := self._prompt_problem(ids, request.allowed_token_ids)):
+                errors[i] = problem
+            if i not in errors and request.regex is not None and (problem := self._guides().problem(request.regex)):
                 errors[i] = problem
             if i not in errors:
                 rows.extend(self._rows(i, ids, request))
@@ -209,6 +228,21 @@ class HFBackend(LLMBackend):
                 completions = [row.completion() for row in by_request[i]]
             results.append(GenerationResult(completions, prompts[i], finished_at[i] - start))
         return results
+
+    def _new_prefix_cache(self, rows: int) -> PrefixCache | None:
+        if not rows:
+            return None
+        if not session_supported(self):
+            warnings.warn("prefix_cache needs the growing KV cache and attention-only layers; it is off",
+                          stacklevel=3)
+            return None
+        return PrefixCache(self, rows)
+
+    def _guides(self) -> RegexGuides:
+        """The llguidance matchers over this tokenizer (built on the first guided request)."""
+        if self._regex_guides is None:
+            self._regex_guides = RegexGuides(self.tokenizer, self.vocab_size, self.eos_ids)
+        return self._regex_guides
 
     def _base_model(self) -> Any:
         """The transformers model under wrappers such as peft (for signature checks)."""
@@ -248,8 +282,9 @@ class HFBackend(LLMBackend):
                 seed = sample_seed(request.seed, j) if request.seed is not None else int(
                     torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed when no seed is given
                 generator = torch.Generator(device=self.device).manual_seed(seed)
+            guide = self._guides().matcher(request.regex) if request.regex is not None else None
             rows.append(_Row(index, j, ids, request, limit, IncrementalText(self.tokenizer, ids, request.stop),
-                             generator))
+                             generator, guide))
         return rows
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -322,6 +357,8 @@ class HFBackend(LLMBackend):
         choose among those tokens only: their logits are restricted first, so both the sample and
         the "raw" log-prob are those of the model's distribution renormalised over the choices."""
         logits = restrict_to_allowed(logits, [row.settings.allowed_token_ids for row in rows])
+        if any(row.guide is not None for row in rows):
+            logits = self._guides().mask(logits, [row.guide for row in rows])
         tokens = logits.argmax(-1)  # greedy rows keep these
         processed = torch.zeros(len(rows), device=logits.device)  # log 1 for greedy rows
         sampled = [k for k, row in enumerate(rows) if row.settings.temperature > 0]

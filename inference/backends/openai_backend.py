@@ -7,7 +7,8 @@ and 5xx are retried with exponential back-off; any other 4xx, or running out of 
 
 With ``vllm_extensions`` (default: on, except for api.openai.com) the body also carries vLLM's
 ``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``,
-and a chat ending in an assistant message is continued (``continue_final_message``), not closed.
+and a chat ending in an assistant message is continued (``continue_final_message``), not closed,
+and a request's ``regex`` as ``structured_outputs: {"regex": ...}`` (guided decoding, vLLM >= 0.11).
 What comes back, field by field:
 
 - ``text``: as sent. A server that strips the matched stop string but names it (vLLM's
@@ -71,6 +72,10 @@ def request_body(model: str, request: GenerationRequest, vllm_extensions: bool,
         if not vllm_extensions:
             raise ValueError("allowed_token_ids needs a vLLM-compatible server (vllm_extensions on)")
         body["allowed_token_ids"] = list(request.allowed_token_ids)
+    if request.regex is not None:
+        if not vllm_extensions:
+            raise ValueError("a request's regex (guided decoding) needs a vLLM-compatible server (vllm_extensions on)")
+        body["structured_outputs"] = {"regex": request.regex}  # vLLM >= 0.11's field
     if vllm_extensions:
         if request.top_k > 0:
             body["top_k"] = request.top_k

@@ -70,6 +70,21 @@ def sampling_kwargs(request: GenerationRequest) -> dict[str, Any]:
     )
 
 
+def guided_kwargs(vllm: Any, regex: str | None) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keyword arguments that constrain a completion to ``regex`` (none
+    without one): ``structured_outputs=StructuredOutputsParams(regex=...)`` in vLLM >= 0.11, else
+    the older ``guided_decoding=GuidedDecodingParams(regex=...)``. vLLM compiles the expression
+    with its structured-output backend (xgrammar, guidance or outlines) and masks each step."""
+    if regex is None:
+        return {}
+    params = vllm.sampling_params
+    if hasattr(params, "StructuredOutputsParams"):
+        return {"structured_outputs": params.StructuredOutputsParams(regex=regex)}
+    if hasattr(params, "GuidedDecodingParams"):
+        return {"guided_decoding": params.GuidedDecodingParams(regex=regex)}
+    raise ValueError("this vLLM has neither StructuredOutputsParams nor GuidedDecodingParams: no guided decoding")
+
+
 def _sampled_logprobs(step_logprobs: Any, token_ids: list[int]) -> list[float]:
     """The log-probability of each sampled token from vLLM's per-step ``{token_id: Logprob}``."""
     if step_logprobs is None:
@@ -180,7 +195,8 @@ class VLLMBackend(LLMBackend):
             try:
                 ids = prompt_token_ids(self.tokenizer, request.prompt, self.thinking)
                 problem = self._validate(ids)
-                params = None if problem else self._vllm.SamplingParams(**sampling_kwargs(request))
+                params = None if problem else self._vllm.SamplingParams(**sampling_kwargs(request),
+                                                                        **guided_kwargs(self._vllm, request.regex))
             except Exception as err:  # a malformed prompt or setting: this request only
                 ids, problem = [], f"{type(err).__name__}: {err}"
             if problem:
