@@ -110,7 +110,7 @@ def parse_sub_query(text: str) -> tuple[str, str]:
     if tagged and clean(tagged):
         return " ".join(clean(tagged).split()[:MAX_QUERY_WORDS]), "tag"
     lines = [clean(ln) for ln in re.sub(r"<think>.*?(?:</think>|$)", " ", text, flags=re.DOTALL).splitlines()]
-    lines = [ln for ln in lines if ln and not _REASONING_LINE.match(ln)]
+    lines = [ln for ln in lines if ln and not _REASONING_LINE.match(ln) and not _QUERY.search(ln)]
     if len(lines) == 1 and len(lines[0].split()) <= MAX_QUERY_WORDS and normalised(lines[0]) not in _PLACEHOLDERS:
         return lines[0], "line"
     return "", "none"
