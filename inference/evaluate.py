@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method-option", action="append", metavar="KEY=VALUE", help="e.g. k=3 (repeatable)")
     parser.add_argument("--variant", help="a method's variant or ablation, e.g. seek: parallel_filling, plan, update, "
                                           "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
-                                          "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, single_call, "
-                                          "no_parallel, no_disentanglement (same as --method-option variant=...)")
+                                          "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
+                                          "no_parallel, no_disentanglement, single_call (same as --method-option "
+                                          "variant=...)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
     parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
     parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS})")

@@ -152,7 +152,7 @@ class Seek(Method):
     max_slots: int = 6  # gists beyond this are dropped (noted)
     doc_chars: int = 800  # characters of each document shown to the refine call
     sketch_tokens: int = 160
-    update_tokens: int = 640  # the update call rewrites the whole sketch, evidence included
+    update_tokens: int = 1024  # the update call rewrites the whole sketch, evidence included
     query_tokens: int = 48  # per sub-query
     refine_tokens: int = 128
     judge_tokens: int = 8
