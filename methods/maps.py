@@ -41,7 +41,7 @@ Variants (``variant``; the ablations of paper §5.2 plus our earlier one-call pl
 
 No question is dropped: an unclear judgement counts as insufficient, a planning reply with no
 usable direction searches the question itself, a sub-query reply without a query searches its
-direction as written, an empty refinement keeps the old state (observation "(nothing new)"),
+direction followed by the question, an empty refinement keeps the old state (observation "(nothing new)"),
 and an LLM error ends the loop and answers from what is there (or gives up if the answer call
 fails too). Each fallback is a ``maps_*`` note in the trace; the stop reason is in
 ``ctx.stats["stop"]``.
@@ -247,7 +247,7 @@ class MAPS(Method):
     async def write_sub_queries(self, ctx: QuestionContext, memory_text: str,
                                 directions: list[str]) -> list[Search] | None:
         """One concurrent call per direction, each seeing the memory and its own direction only;
-        None if any call fails. A reply without a query searches the direction as written (noted)."""
+        None if any call fails. A reply without a query searches the direction and the question (noted)."""
         replies = await asyncio.gather(*(
             self.call(ctx, prompts.SUB_QUERY.format(memory=memory_text, direction=d), self.query_tokens, "sub_query")
             for d in directions))
@@ -257,7 +257,7 @@ class MAPS(Method):
         for direction, reply in zip(directions, replies):
             query, form = parse_sub_query(reply)
             if not query:
-                query = direction
+                query = f"{direction} {ctx.question}"
                 ctx.note("maps_sub_query_fallback", direction=direction, output=reply, query=query)
             elif form == "line":
                 ctx.note("maps_sub_query_unlabelled", direction=direction, output=reply)

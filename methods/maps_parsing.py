@@ -12,7 +12,9 @@ from methods.parsing import last_tag
 
 MAX_QUERY_WORDS = 32
 MAX_DIRECTION_WORDS = 24
-_PLACEHOLDERS = {"search query", "what to find out"}  # the format line copied back verbatim
+# the format line, or a memory placeholder, copied back verbatim
+_PLACEHOLDERS = {"search query", "what to find out", "nothing new", "no new", "nothing yet", "no reasoning yet",
+                 "new", "none", "search", "query", "direction"}
 
 _LIST_MARK = re.compile(r"^\s*(?:[-*•]|\d+[.):]|\(\d+\))\s*")
 _DIRECTION = re.compile(r"\**\bdirection\s*\d*\**\s*[:=]\**\s*(.*?)\s*(?=\||\bquery\s*\d*\**\s*[:=]|$)", re.IGNORECASE)

@@ -42,9 +42,9 @@ def test_unusable_directions_search_the_question():
     assert record["method_stats"]["sub_queries"] == [1] and record["prediction"] == "Paris"
 
 
-def test_sub_query_reply_without_a_query_searches_the_direction():
+def test_sub_query_reply_without_a_query_searches_the_direction_and_question():
     (record,), _, retriever = run(Script(sufficient_after=1, query="Hmm.\nLet me think about this one."))
-    assert retriever.calls == [["aim 0", "aim 1", "aim 2"]]
+    assert retriever.calls == [[f"aim {j} {QUESTION.question}" for j in range(3)]]
     assert notes(record).count("maps_sub_query_fallback") == 3
 
 
@@ -151,6 +151,7 @@ def test_parse_directions_is_tolerant_and_capped():
             "- birth date of that director | query: ignored\n"
             "2. the river\n"
             "direction: <what to find out>\n"
+            "3. (nothing new)\n"
             "Some prose that is not a direction.\n")
     assert parse_directions(text, limit=10) == ["the director of Film A", "birth date of that director", "the river"]
     assert parse_directions(text, limit=2) == ["the director of Film A", "birth date of that director"]
