@@ -50,13 +50,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register, require_choice
+from methods.base import Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_env, gather_evidence, searches_left
+from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
 from methods.maps_parsing import (
     Search,
     clean,
@@ -109,7 +109,7 @@ def chat(prompt: str) -> list[dict[str, str]]:
 class MAPS(Method):
     """MAPS: parallel sub-queries over complementary directions; observations + refined state."""
 
-    k: int = 5  # passages per sub-query
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # passages per sub-query (paper §4: top-5)
     max_iterations: int = 10
     n_directions: int = 3  # the most directions (sub-queries) per iteration; 1 under no_parallel
     fixed_directions: bool = False  # ask for exactly n_directions (single_call always does)
@@ -120,12 +120,13 @@ class MAPS(Method):
     query_tokens: int = 48  # each direction's sub-query call
     refine_tokens: int = 160
     answer_tokens: int = 48
+    select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
         require_choice("admission", self.admission, ADMISSIONS)
-        if self.k < 1 or self.max_iterations < 1 or self.n_directions < 1:
-            raise ValueError("k, max_iterations and n_directions must be >= 1")
+        if self.max_iterations < 1 or self.n_directions < 1:
+            raise ValueError("max_iterations and n_directions must be >= 1")
 
     @property
     def queries_per_iteration(self) -> int:
@@ -144,9 +145,8 @@ class MAPS(Method):
     def asks_exactly(self) -> bool:
         return self.fixed_directions or self.variant == "single_call"
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return admission_env(base, self.admission, self.k,
-                             max_searches=self.max_iterations * self.queries_per_iteration)
+    def fixed_env(self) -> dict:
+        return admission_protocol(self.admission, max_searches=self.max_iterations * self.queries_per_iteration)
 
     def calls_per_iteration(self) -> int:
         """LLM calls an iteration may need: planning, sub-queries, selections (preview), refine (+ judge)."""
@@ -174,7 +174,8 @@ class MAPS(Method):
                 stop = stop_now
                 break
             evidence = await gather_evidence(ctx, [s.query for s in searches], self.admission,
-                                             purposes=[s.direction for s in searches] if self.with_directions else None)
+                                             purposes=[s.direction for s in searches] if self.with_directions else None,
+                                             select_tokens=self.select_tokens)
             ctx.stats["iterations"] = iteration
             ctx.stats["sub_queries"].append(len(searches))
             if ctx.done:

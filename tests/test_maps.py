@@ -115,7 +115,7 @@ class Script:
 def run(respond, examples=(QUESTION,), llm_class=FakeLLM, **options):
     llm = llm_class(respond)
     retriever = OverlapRetriever()
-    records = run_questions_sync(get("maps", **options), list(examples), llm, retriever, EnvConfig())
+    records = run_questions_sync(get("maps", **options), list(examples), llm, retriever)
     return records, llm, retriever
 
 
@@ -218,7 +218,7 @@ def test_stops_at_max_iterations_without_a_last_judgement():
 
 def test_no_parallel_makes_one_direction_and_one_sub_query_per_iteration():
     method = get("maps", variant="no_parallel", max_iterations=4)
-    assert method.env_config(EnvConfig()).max_searches == 4
+    assert method.env_config().max_searches == 4
     (record,), llm, retriever = run(Script(sufficient_after=3, n=3), variant="no_parallel", max_iterations=4)
     assert retriever.calls == [[sub_query(r, 0)] for r in (1, 2, 3)]  # a longer reply is capped at one
     assert record["method_stats"]["sub_queries"] == [1, 1, 1]

@@ -126,9 +126,9 @@ def test_options_and_budget():
         MAPS(admission="topk")
     with pytest.raises(ValueError, match="n_directions"):
         MAPS(n_directions=0)
-    config = MAPS().env_config(EnvConfig())
+    config = MAPS().env_config()
     assert config.max_searches == 30 and config.candidates_per_search == 5 and config.admission == "prefix"
-    assert MAPS(admission="preview", n_directions=2).env_config(EnvConfig()).max_searches == 20
+    assert MAPS(admission="preview", n_directions=2).env_config().max_searches == 20
     assert MAPS().calls_per_iteration() == 5 and MAPS(admission="preview").calls_per_iteration() == 8
     assert MAPS(variant="single_call").calls_per_iteration() == 3
     assert MAPS(variant="no_retrieval_direction").calls_per_iteration() == 2
