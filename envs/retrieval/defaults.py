@@ -26,6 +26,7 @@ from envs.retrieval.encoders import canonical_encoder_name, load_encoder
 from envs.retrieval.index import META_FILE, DenseIndex, build_index
 from envs.retrieval.remote import RemoteRetriever
 from envs.retrieval.retriever import Retriever
+from envs.retrieval.web import open_web_retriever
 
 
 def _slug(text: str, limit: int = 40) -> str:
@@ -101,11 +102,18 @@ def open_retriever(spec: str | None, corpus=None, device: str = "auto"):
     """The one way to open a retriever from a spec string (command lines, configs).
 
     ``None`` or ``"default"``: :func:`default_retriever`; ``"http://..."`` / ``"https://..."``: a
-    :class:`envs.retrieval.remote.RemoteRetriever` of that server (``python -m envs.retrieval.server``); anything else:
-    an index folder, :meth:`Retriever.from_dir` with ``corpus`` (None: the path in its meta.json).
+    :class:`envs.retrieval.remote.RemoteRetriever` of that server (``python -m envs.retrieval.server``);
+    ``"web:..."``: live web search, :class:`envs.retrieval.web.WebRetriever` (e.g.
+    ``web:searxng:http://127.0.0.1:8888``, ``web:serper``); anything else: an index folder,
+    :meth:`Retriever.from_dir` with ``corpus`` (None: the path in its meta.json).
     """
     if spec is None or str(spec) == "default":
         return default_retriever(device=device)
+    if str(spec).startswith("web:"):
+        if corpus is not None:
+            raise ValueError(f"a corpus ({corpus}) cannot be given with web search ({spec}): "
+                             "the pages found are the corpus")
+        return open_web_retriever(str(spec))
     if str(spec).startswith(("http://", "https://")):
         if corpus is not None:
             raise ValueError(f"a corpus ({corpus}) cannot be given with a retrieval server ({spec}): "
