@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--variant", help="a method's variant or ablation, e.g. seek: parallel_filling, plan, update, "
                                           "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
                                           "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
-                                          "no_parallel, no_disentanglement (same as --method-option variant=...)")
+                                          "no_parallel, no_disentanglement, single_call (same as --method-option "
+                                          "variant=...)")
     parser.add_argument("--budget", choices=PRESETS, help="generation-budget preset: small (the methods' defaults), "
                         "paper (the papers' settings), thinking (reasoning models); --method-option values win")
     parser.add_argument("--thinking", choices=tuple(THINKING_MODES), default="auto",

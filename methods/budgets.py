@@ -37,9 +37,10 @@ BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
     "seeds-r1": ("max_tokens",),
     "ircot": ("max_tokens", "answer_tokens"),
     "iter-retgen": ("max_tokens",),
-    "seek": ("sketch_tokens", "query_tokens", "refine_tokens", "judge_tokens", "answer_tokens", "select_tokens"),
+    "seek": ("sketch_tokens", "query_tokens", "refine_tokens", "judge_tokens", "answer_tokens", "select_tokens",
+             "update_tokens"),
     "kair": ("step_tokens", "repair_tokens", "answer_tokens", "select_tokens"),
-    "maps": ("plan_tokens", "refine_tokens", "judge_tokens", "answer_tokens", "select_tokens"),
+    "maps": ("plan_tokens", "query_tokens", "refine_tokens", "judge_tokens", "answer_tokens", "select_tokens"),
 }
 
 TURN = 8192  # an agent turn, a reader call, a KAIR step, a SEEK/MAPS sketch, plan or refinement
@@ -58,10 +59,10 @@ THINKING: dict[str, dict[str, int]] = {
     "ircot": {"max_tokens": SHORT, "answer_tokens": SHORT},
     "iter-retgen": {"max_tokens": TURN},
     "seek": {"sketch_tokens": TURN, "query_tokens": SHORT, "refine_tokens": TURN, "judge_tokens": SHORT,
-             "answer_tokens": SHORT, "select_tokens": SHORT},
+             "answer_tokens": SHORT, "select_tokens": SHORT, "update_tokens": TURN},
     "kair": {"step_tokens": TURN, "repair_tokens": TURN, "answer_tokens": SHORT, "select_tokens": SHORT},
-    "maps": {"plan_tokens": TURN, "refine_tokens": TURN, "judge_tokens": SHORT, "answer_tokens": SHORT,
-             "select_tokens": SHORT},
+    "maps": {"plan_tokens": TURN, "query_tokens": SHORT, "refine_tokens": TURN, "judge_tokens": SHORT,
+             "answer_tokens": SHORT, "select_tokens": SHORT},
 }
 
 # What the papers or their public code state (README table: the source of each value); the rest

@@ -5,42 +5,50 @@ observations gathered so far (short texts, one per iteration) and a compact reas
 (replaced each iteration). Past sub-queries and past reasoning are never shown again, so later
 searches are not pulled along the earlier search trajectory ("search momentum", §2).
 
-One question runs like this:
+One question runs like this (the paper's three prompts, §A.4 Figures 5–7: directions, parallel
+sub-queries, refinement; each a separate call):
 
-1. Plan (one call): identify ``n_directions`` complementary retrieval directions and write one
-   sub-query for each, as lines ``direction: … | query: …``.
-2. Retrieve the top-``k`` of every sub-query in ONE retrieval call (one retrieval round, see
+1. Directions (one call): from the second iteration on, first judge whether the knowledge is
+   sufficient (``Sufficient: yes|no``); if it is, stop. Otherwise name the complementary
+   retrieval directions still needed, one per line. The model decides how many, at most
+   ``n_directions`` (the paper gives no number; ``fixed_directions=true`` asks for exactly
+   ``n_directions``).
+2. Sub-queries (one call per direction, run concurrently): each call sees the memory and ITS
+   direction only, and writes one sub-query.
+3. Retrieve the top-``k`` of every sub-query in ONE retrieval call (one retrieval round, see
    :func:`methods.evidence.gather_evidence`; ``admission="preview"`` opens only the candidates
    one short call per sub-query chooses).
-3. Refine (one call): consolidate the evidence (deduplicated by passage row, grouped by
+4. Refine (one call): consolidate the evidence (deduplicated by passage row, grouped by
    direction) into a new knowledge observation (appended) and a new reasoning state (replaces
    the old one).
-4. Judge (one call): is the knowledge now sufficient? If so, or after ``max_iterations``
-   iterations (paper §4: 10, top-5), stop; otherwise go back to 1.
-5. Answer (one call) from the question, the observations and the reasoning state.
+5. Back to 1, until judged sufficient or after ``max_iterations`` iterations (paper §4: 10,
+   top-5); then answer (one call) from the question, the observations and the reasoning state.
 
-The judge is not asked before the first iteration (there is no knowledge to judge yet) nor after
-the last (the answer follows anyway), so a full iteration costs three calls (plus one selection
-call per sub-query under preview admission).
+No judgement is asked before the first iteration (there is no knowledge to judge yet), so an
+iteration of m directions costs 2 + m calls (plus one selection call per sub-query under
+preview admission), and stopping costs one directions call.
 
-Ablations (``variant``, paper §5.2):
+Variants (``variant``; the ablations of paper §5.2 plus our earlier one-call planner):
 
 - ``full``: as above.
-- ``no_retrieval_direction``: no directions; the plan call writes ``n_directions`` sub-queries
-  directly (lines ``query: …``).
+- ``no_retrieval_direction``: no directions; one call judges and writes up to ``n_directions``
+  sub-queries directly (lines ``query: …``).
 - ``no_parallel``: one direction and one sub-query per iteration.
 - ``no_disentanglement``: every prompt sees the whole trajectory instead (each past round's
   sub-queries, observation and reasoning state).
+- ``single_call``: one plan call writes exactly ``n_directions`` lines ``direction: … | query: …``;
+  refine; then a separate judge call (not after the last iteration).
 
-No question is dropped: an unclear judgement counts as insufficient, a plan with no usable line
-searches the question itself, an empty refinement keeps the old state (observation "(nothing
-new)"), and an LLM error ends the loop and answers from what is there (or gives up if the answer
-call fails too). Each fallback is a ``maps_*`` note in the trace; the stop reason is in
+No question is dropped: an unclear judgement counts as insufficient, a planning reply with no
+usable direction searches the question itself, a sub-query reply without a query searches its
+direction followed by the question, an empty refinement keeps the old state (observation "(nothing new)"),
+and an LLM error ends the loop and answers from what is there (or gives up if the answer call
+fails too). Each fallback is a ``maps_*`` note in the trace; the stop reason is in
 ``ctx.stats["stop"]``.
 """
 from __future__ import annotations
 
-import re
+import asyncio
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -49,27 +57,20 @@ from methods.base import Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
 from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
+from methods.maps_parsing import (
+    Search,
+    clean,
+    parse_directions,
+    parse_judgement,
+    parse_plan,
+    parse_refinement,
+    parse_sub_query,
+    parse_sufficiency,
+)
 from methods.prompts import format_docs
 from methods.prompts import maps as prompts
 
-VARIANTS = ("full", "no_retrieval_direction", "no_parallel", "no_disentanglement")
-MAX_QUERY_WORDS = 32
-_PLACEHOLDERS = {"search query", "what to find out"}  # the format line copied back verbatim
-
-_LIST_MARK = re.compile(r"^\s*(?:[-*•]|\d+[.):]|\(\d+\))\s*")
-_DIRECTION = re.compile(r"\**\bdirection\s*\d*\**\s*[:=]\**\s*(.*?)\s*(?=\||\bquery\s*\d*\**\s*[:=]|$)", re.IGNORECASE)
-_QUERY = re.compile(r"\**\b(?:sub-?)?query\s*\d*\**\s*[:=]\**\s*(.+)", re.IGNORECASE)
-_REFINE_LABEL = re.compile(r"\**\b(observation|new knowledge|knowledge|reasoning state|state)\**\s*:\**", re.IGNORECASE)
-_JUDGEMENT = re.compile(r"\b(insufficient|not (?:yet )?(?:sufficient|enough)|sufficient|enough)\b", re.IGNORECASE)
-_YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
-
-
-@dataclass
-class Search:
-    """One planned sub-query and the retrieval direction it serves (None without directions)."""
-
-    query: str
-    direction: str | None = None
+VARIANTS = ("full", "no_retrieval_direction", "no_parallel", "no_disentanglement", "single_call")
 
 
 @dataclass
@@ -99,71 +100,6 @@ class Memory:
         return prompts.TRAJECTORY.format(question=question, rounds=rounds or prompts.NOTHING_YET)
 
 
-def _clean(text: str) -> str:
-    text = re.sub(r"</?\w+>", " ", text)
-    return " ".join(text.strip().strip("\"'`*[]<>").split())
-
-
-def _normalised(query: str) -> str:
-    return " ".join(re.findall(r"\w+", query.lower()))
-
-
-def parse_plan(text: str, limit: int) -> list[Search]:
-    """Sub-queries (with directions where given) from a plan, tolerantly: one per line, as
-    ``direction: … | query: …``, ``query: …``, a ``direction:`` line followed by a ``query:``
-    line, or a bulleted/numbered line (``- a | b`` or ``1. query``). A direction without a query
-    is searched as written. Deduplicated (case and punctuation ignored), at most ``limit``."""
-    searches: list[Search] = []
-    pending: str | None = None  # a direction waiting for its query on a later line
-    for line in text.splitlines():
-        direction = _DIRECTION.search(line)
-        query = _QUERY.search(line)
-        if query:
-            searches.append(Search(_clean(query.group(1)), _clean(direction.group(1)) if direction else pending))
-            pending = None
-        elif direction:
-            if pending:
-                searches.append(Search(pending, pending))
-            pending = _clean(direction.group(1)) or None
-        elif _LIST_MARK.match(line) and _clean(_LIST_MARK.sub("", line)):
-            item = _LIST_MARK.sub("", line)
-            aim, _, rest = item.rpartition("|")
-            searches.append(Search(_clean(rest), _clean(aim) or None))
-    if pending:
-        searches.append(Search(pending, pending))
-    unique: dict[str, Search] = {}
-    for search in searches:
-        search.query = " ".join(search.query.split()[:MAX_QUERY_WORDS])
-        key = _normalised(search.query)
-        if key and key not in _PLACEHOLDERS and key not in unique:
-            unique[key] = search
-    return list(unique.values())[:limit]
-
-
-def parse_refinement(text: str) -> tuple[str | None, str | None]:
-    """``(observation, state)`` from ``Observation: …`` / ``State: …`` lines; None where absent."""
-    parts: dict[str, str] = {}
-    labels = list(_REFINE_LABEL.finditer(text))
-    for label, following in zip(labels, labels[1:] + [None]):
-        body = _clean(text[label.end(): following.start() if following else len(text)])
-        kind = "state" if "state" in label.group(1).lower() else "observation"
-        if body and kind not in parts:
-            parts[kind] = body
-    return parts.get("observation"), parts.get("state")
-
-
-def parse_judgement(text: str) -> str | None:
-    """``sufficient`` / ``insufficient`` from the judge's reply (first verdict word); None if unclear."""
-    found = _JUDGEMENT.search(text)
-    if found:
-        word = found.group(1).lower()
-        return "sufficient" if word in ("sufficient", "enough") else "insufficient"
-    yes_no = _YES_NO.search(text)
-    if yes_no:
-        return "sufficient" if yes_no.group(1).lower() == "yes" else "insufficient"
-    return None
-
-
 def chat(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
@@ -175,11 +111,13 @@ class MAPS(Method):
 
     paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # passages per sub-query (paper §4: top-5)
     max_iterations: int = 10
-    n_directions: int = 3  # directions (and sub-queries) per iteration; 1 under no_parallel
+    n_directions: int = 3  # the most directions (sub-queries) per iteration; 1 under no_parallel
+    fixed_directions: bool = False  # ask for exactly n_directions (single_call always does)
     variant: str = "full"
     admission: str = "prefix"  # "prefix": read the top-k; "preview": open only chosen candidates
-    judge_tokens: int = 48
-    plan_tokens: int = 120
+    judge_tokens: int = 48  # single_call's separate judge call
+    plan_tokens: int = 120  # the directions call (or the sub-queries / single_call plan call)
+    query_tokens: int = 48  # each direction's sub-query call
     refine_tokens: int = 160
     answer_tokens: int = 48
     select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
@@ -192,6 +130,7 @@ class MAPS(Method):
 
     @property
     def queries_per_iteration(self) -> int:
+        """The most sub-queries one iteration may make."""
         return 1 if self.variant == "no_parallel" else self.n_directions
 
     @property
@@ -202,12 +141,20 @@ class MAPS(Method):
     def disentangled(self) -> bool:
         return self.variant != "no_disentanglement"
 
+    @property
+    def asks_exactly(self) -> bool:
+        return self.fixed_directions or self.variant == "single_call"
+
     def fixed_env(self) -> dict:
         return admission_protocol(self.admission, max_searches=self.max_iterations * self.queries_per_iteration)
 
     def calls_per_iteration(self) -> int:
-        """LLM calls an iteration may need: plan, selections (preview), refine, judge."""
-        return 3 + (self.queries_per_iteration if self.admission == "preview" else 0)
+        """LLM calls an iteration may need: planning, sub-queries, selections (preview), refine (+ judge)."""
+        n = self.queries_per_iteration
+        selections = n if self.admission == "preview" else 0
+        if self.variant == "single_call":
+            return 3 + selections
+        return 2 + (n if self.with_directions else 0) + selections
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -222,9 +169,9 @@ class MAPS(Method):
             if ctx.max_llm_calls - ctx.llm_calls < self.calls_per_iteration() + 1:  # keep one for the answer
                 stop = "llm_call_budget"
                 break
-            searches = await self.plan(ctx, memory)
-            if searches is None:
-                stop = "llm_error"
+            searches, stop_now = await self.next_searches(ctx, memory, judged=iteration > 1)
+            if stop_now:
+                stop = stop_now
                 break
             evidence = await gather_evidence(ctx, [s.query for s in searches], self.admission,
                                              purposes=[s.direction for s in searches] if self.with_directions else None,
@@ -237,15 +184,11 @@ class MAPS(Method):
             if not await self.refine(ctx, memory, searches, evidence):
                 stop = "llm_error"
                 break
-            if iteration == self.max_iterations:
-                break
-            verdict = await self.judge(ctx, memory)
-            if verdict is None:
-                stop = "llm_error"
-                break
-            if verdict == "sufficient":
-                stop = "sufficient"
-                break
+            if self.variant == "single_call" and iteration < self.max_iterations:
+                stop = await self.judge(ctx, memory)
+                if stop:
+                    break
+                stop = "max_iterations"
         ctx.stats["stop"] = stop
         ctx.note("maps_stop", reason=stop, iterations=ctx.stats["iterations"])
         if not ctx.done:
@@ -254,28 +197,92 @@ class MAPS(Method):
     def memory_text(self, ctx: QuestionContext, memory: Memory) -> str:
         return memory.render(ctx.question, self.disentangled)
 
-    async def plan(self, ctx: QuestionContext, memory: Memory) -> list[Search] | None:
-        """Directions and one sub-query each (or bare sub-queries); None when the LLM fails."""
-        n = self.queries_per_iteration
-        if self.with_directions:
-            prompt = prompts.DIRECTIONS.format(memory=self.memory_text(ctx, memory),
-                                               directions=prompts.directions_wanted(n))
-        else:
-            prompt = prompts.SUB_QUERIES.format(memory=self.memory_text(ctx, memory),
-                                                queries=prompts.queries_wanted(n))
-        completion = (await ctx.generate(chat(prompt), max_tokens=self.plan_tokens,
-                                         tag="directions" if self.with_directions else "sub_queries")).completions[0]
+    async def call(self, ctx: QuestionContext, prompt: str, max_tokens: int, tag: str,
+                   stop: tuple[str, ...] = ()) -> str | None:
+        """One LLM call (counted and traced by ``ctx``); None, noted ``llm_error``, when the backend fails."""
+        completion = (await ctx.generate(chat(prompt), stop=stop, max_tokens=max_tokens, tag=tag)).completions[0]
         if completion.finish_reason == "error":
-            ctx.note("llm_error", call="plan", error=completion.error)
+            ctx.note("llm_error", call=tag, error=completion.error)
             return None
-        searches = parse_plan(completion.text, n)
-        if not searches:
-            ctx.note("maps_no_sub_queries", output=completion.text, fallback="question")
-            return [Search(ctx.question, prompts.QUESTION_DIRECTION if self.with_directions else None)]
+        return completion.text
+
+    async def next_searches(self, ctx: QuestionContext, memory: Memory, judged: bool) -> tuple[list[Search], str]:
+        """This iteration's searches, or a stop reason (``sufficient``, ``llm_error``) and none."""
+        if self.variant == "single_call":
+            searches = await self.plan_in_one_call(ctx, memory)
+            return (searches, "") if searches is not None else ([], "llm_error")
+        n, memory_text = self.queries_per_iteration, self.memory_text(ctx, memory)
+        judge = prompts.JUDGE_FIRST if judged else prompts.NO_JUDGEMENT
+        if self.with_directions:
+            prompt = prompts.DIRECTIONS.format(memory=memory_text, judge=judge,
+                                               directions=prompts.directions_wanted(n, self.asks_exactly))
+        else:
+            prompt = prompts.SUB_QUERIES.format(memory=memory_text, judge=judge,
+                                                queries=prompts.queries_wanted(n, self.asks_exactly))
+        text = await self.call(ctx, prompt, self.plan_tokens, "directions" if self.with_directions else "sub_queries")
+        if text is None:
+            return [], "llm_error"
+        if judged and self.read_verdict(ctx, parse_sufficiency(text), text) == "sufficient":
+            return [], "sufficient"
         if not self.with_directions:
-            for search in searches:
-                search.direction = None
-        elif any(s.direction is None for s in searches):
+            searches = [Search(s.query) for s in parse_plan(text, n)]
+        else:
+            directions = parse_directions(text, n)
+            searches = await self.write_sub_queries(ctx, memory_text, directions) if directions else []
+            if searches is None:
+                return [], "llm_error"
+        if not searches:
+            ctx.note("maps_no_sub_queries" if not self.with_directions else "maps_no_directions",
+                     output=text, fallback="question")
+            return [Search(ctx.question, prompts.QUESTION_DIRECTION if self.with_directions else None)], ""
+        return searches, ""
+
+    def read_verdict(self, ctx: QuestionContext, verdict: str | None, text: str) -> str:
+        """Record a judgement; an unclear one counts as insufficient (noted)."""
+        ctx.stats["judgements"].append(verdict)
+        if verdict is None:
+            ctx.note("maps_judgement_unclear", output=text, assumed="insufficient")
+            return "insufficient"
+        return verdict
+
+    async def write_sub_queries(self, ctx: QuestionContext, memory_text: str,
+                                directions: list[str]) -> list[Search] | None:
+        """One concurrent call per direction, each seeing the memory and its own direction only;
+        None if any call fails. A reply without a query searches the direction and the question (noted)."""
+        replies = await asyncio.gather(*(
+            self.call(ctx, prompts.SUB_QUERY.format(memory=memory_text, direction=d), self.query_tokens, "sub_query")
+            for d in directions))
+        if any(reply is None for reply in replies):
+            return None
+        searches, by_query = [], set()
+        for direction, reply in zip(directions, replies):
+            query, form = parse_sub_query(reply)
+            if not query:
+                query = f"{direction} {ctx.question}"
+                ctx.note("maps_sub_query_fallback", direction=direction, output=reply, query=query)
+            elif form == "line":
+                ctx.note("maps_sub_query_unlabelled", direction=direction, output=reply)
+            key = " ".join(query.lower().split())
+            if key in by_query:  # two directions, one query: search it once
+                ctx.note("maps_duplicate_sub_query", direction=direction, query=query)
+                continue
+            by_query.add(key)
+            searches.append(Search(query, direction))
+        return searches
+
+    async def plan_in_one_call(self, ctx: QuestionContext, memory: Memory) -> list[Search] | None:
+        """``single_call``: exactly ``n_directions`` directions and one sub-query each; None on LLM error."""
+        n = self.queries_per_iteration
+        prompt = prompts.PLAN.format(memory=self.memory_text(ctx, memory),
+                                     directions=prompts.directions_wanted(n, fixed=True))
+        text = await self.call(ctx, prompt, self.plan_tokens, "directions")
+        if text is None:
+            return None
+        searches = parse_plan(text, n)
+        if not searches:
+            ctx.note("maps_no_sub_queries", output=text, fallback="question")
+            return [Search(ctx.question, prompts.QUESTION_DIRECTION)]
+        if any(s.direction is None for s in searches):
             ctx.note("maps_missing_direction", queries=[s.query for s in searches if s.direction is None])
             for search in searches:
                 search.direction = search.direction or search.query
@@ -286,14 +293,13 @@ class MAPS(Method):
         """Consolidate this round's evidence into a new observation and state; False on LLM error."""
         prompt = prompts.REFINE.format(memory=self.memory_text(ctx, memory),
                                        evidence=self.evidence_text(searches, evidence))
-        completion = (await ctx.generate(chat(prompt), max_tokens=self.refine_tokens, tag="refine")).completions[0]
-        if completion.finish_reason == "error":
-            ctx.note("llm_error", call="refine", error=completion.error)
+        text = await self.call(ctx, prompt, self.refine_tokens, "refine")
+        if text is None:
             return False
-        observation, state = parse_refinement(completion.text)
+        observation, state = parse_refinement(text)
         if observation is None and state is None:
-            observation = _clean(completion.text) or None
-            ctx.note("maps_refine_empty" if observation is None else "maps_refine_unlabelled", output=completion.text)
+            observation = clean(text) or None
+            ctx.note("maps_refine_empty" if observation is None else "maps_refine_unlabelled", output=text)
         elif state is None:
             ctx.note("maps_refine_no_state")
         memory.add(searches, observation or prompts.NOTHING_NEW, state or memory.state)
@@ -314,20 +320,13 @@ class MAPS(Method):
                                                             query=search.query, docs=docs))
         return "\n\n".join(groups)
 
-    async def judge(self, ctx: QuestionContext, memory: Memory) -> str | None:
-        """``sufficient`` or ``insufficient`` (an unclear reply counts as insufficient); None on LLM error."""
+    async def judge(self, ctx: QuestionContext, memory: Memory) -> str:
+        """``single_call``'s separate judge call: "sufficient" or "llm_error" to stop, "" to go on."""
         prompt = prompts.JUDGE.format(memory=self.memory_text(ctx, memory))
-        completion = (await ctx.generate(chat(prompt), stop=("\n\n",), max_tokens=self.judge_tokens,
-                                         tag="judge")).completions[0]
-        if completion.finish_reason == "error":
-            ctx.note("llm_error", call="judge", error=completion.error)
-            return None
-        verdict = parse_judgement(completion.text)
-        ctx.stats["judgements"].append(verdict)
-        if verdict is None:
-            ctx.note("maps_judgement_unclear", output=completion.text, assumed="insufficient")
-            return "insufficient"
-        return verdict
+        text = await self.call(ctx, prompt, self.judge_tokens, "judge", stop=("\n\n",))
+        if text is None:
+            return "llm_error"
+        return "sufficient" if self.read_verdict(ctx, parse_judgement(text), text) == "sufficient" else ""
 
     async def final_answer(self, ctx: QuestionContext, memory: Memory) -> None:
         """Answer from the question, the observations and the reasoning state (or the trajectory)."""

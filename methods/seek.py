@@ -8,7 +8,8 @@ documents are read through the env; one call refines them into evidence, which f
 that slot. The final answer sees the question and the completed sketch only, never raw documents.
 
 The sketch is a data structure (:class:`Sketch`), not text the model rewrites: the model names
-the topics once, then writes one slot's evidence at a time, and the method fills the slot.
+the topics once, then writes one slot's evidence at a time, and the method fills the slot (only
+the ``update`` ablation lets the model rewrite it).
 
 Variants (option ``variant``; the paper's ablations, §5.2 and A.3):
 
@@ -16,9 +17,16 @@ Variants (option ``variant``; the paper's ablations, §5.2 and A.3):
 - ``parallel_filling``: one call writes a sub-query for every slot; all are retrieved in ONE
   retrieval round; then one refine call per slot, run concurrently.
 - ``plan``: the sketch is a plan; each step's evidence is appended to a list of notes instead
-  of a slot; after each step a yes/no call judges whether the notes suffice.
-- ``update``: ``full`` plus, after each fill, one call that may remove, add or reword topics;
-  topics kept verbatim keep their evidence; an unusable reply keeps the sketch (noted).
+  of a slot, and after each step a yes/no call judges whether the notes suffice. The notes are
+  concatenated until that judgement says yes or ``max_rounds``: step i researches plan topic i,
+  and once every topic has had its step, further steps research whatever the notes still lack.
+- ``update``: ``full`` plus, after each fill, one call that rewrites the sketch, topics and
+  evidence (paper A.3): it may remove redundant topics, add or reword topics, delete irrelevant
+  content from filled slots and resolve conflicting evidence. Topics kept verbatim keep their
+  evidence unless the reply states new evidence; stated evidence must be grounded in the old
+  evidence (``seek_parsing.grounded``: no facts that were never retrieved), else the edit is
+  refused and noted; an emptied slot is filled again; a "keep", unusable or cut-off reply keeps
+  the sketch.
 - ``no_iter_retrieval``: one retrieval with the question, then the slots are filled in order
   from those same documents (one refine call per slot).
 - ``no_initialization``: no sketch: write a sub-query, retrieve, summarise into a note, judge
@@ -26,12 +34,12 @@ Variants (option ``variant``; the paper's ablations, §5.2 and A.3):
 
 Every variant makes at most ``max_rounds`` retrieval rounds, reads under ``admission``
 ("prefix": the top-k; "preview": the model opens chosen candidates) and records every fallback
-in the trace with ``ctx.note``. ``ctx.stats`` holds variant, slots, slots_filled, rounds, stop.
+in the trace with ``ctx.note``. ``ctx.stats`` holds variant, slots, slots_filled, rounds, stop
+(``plan``: notes, steps_beyond_plan; ``update``: updates, evidence_edits, refused_edits).
 """
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -39,90 +47,24 @@ from envs.types import Hit
 from methods.base import Method, paper_limits, register, require_choice
 from methods.context import QuestionContext
 from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
-from methods.parsing import extract_answer, last_tag
+from methods.parsing import extract_answer
 from methods.prompts import format_docs
 from methods.prompts import seek as prompts
+from methods.seek_parsing import (
+    EVIDENCE_CHARS,
+    Revision,
+    clean_evidence,
+    grounded,
+    norm,
+    parse_gists,
+    parse_numbered_queries,
+    parse_query,
+    parse_sketch_revision,
+    parse_verdict,
+    says_keep,
+)
 
 VARIANTS = ("full", "parallel_filling", "plan", "update", "no_iter_retrieval", "no_initialization")
-GIST_CHARS = 120
-QUERY_WORDS = 32
-EVIDENCE_CHARS = 600
-
-_ITEM = re.compile(r"^\s*[*_]*(?:#{2,6}|(?:step|topic)?\s*\d{1,2}\s*[.):]|[-*•])\s*(.+?)\s*$", re.IGNORECASE)
-_NUMBERED = re.compile(r"^\s*(?:query\s*)?(\d{1,2})\s*[.):]\s*(.+?)\s*$", re.IGNORECASE)
-_PLACEHOLDER = re.compile(r"<\s*to be filled\s*>|\[\s*(?:to be filled)?\s*\]|\(\s*empty\s*\)", re.IGNORECASE)
-_LABEL = re.compile(r"^\W*(?:sub-?query|search query|query|search|evidence|note|summary)\s*:\s*", re.IGNORECASE)
-_QUERY_LINE = re.compile(r"^\W*(?:sub-?query|search query|query)\s*:\s*(.*)$", re.IGNORECASE | re.MULTILINE)
-_VERDICT = re.compile(r"\b(yes|no|not|insufficient|sufficient|enough)\b", re.IGNORECASE)
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.IGNORECASE | re.DOTALL)
-_TAG = re.compile(r"</?[A-Za-z_]+>")
-_KEEP = re.compile(r"\bkeep\b|\bno change|\bunchanged\b|\bfine as it is\b", re.IGNORECASE)
-
-
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"\w+", text.lower()))
-
-
-# -- parsing model output ------------------------------------------------------------------------
-
-def parse_gists(text: str) -> list[str]:
-    """Topic names from numbered (``1.``), bulleted or ``##`` lines, in order, deduplicated."""
-    gists, seen = [], set()
-    for line in text.splitlines():
-        match = _ITEM.match(line)
-        if not match:
-            continue
-        gist = " ".join(_PLACEHOLDER.sub(" ", match.group(1)).replace("**", "").split()).strip(" :-")
-        key = _norm(gist)
-        if key and key not in seen and not key.startswith("evidence"):
-            seen.add(key)
-            gists.append(gist[:GIST_CHARS])
-    return gists
-
-
-def _clean_query(text: str) -> str:
-    words = _LABEL.sub("", text).replace("**", "").strip().strip("\"'`").split()
-    return " ".join(words[:QUERY_WORDS])
-
-
-def parse_query(text: str) -> str:
-    """The sub-query: a ``Query:`` line, a ``<search>`` tag, else the last line that is not reasoning."""
-    found = _QUERY_LINE.search(text)
-    if found and _clean_query(found.group(1)):
-        return _clean_query(found.group(1))
-    tagged = last_tag(text, "search")
-    if tagged:
-        return _clean_query(tagged)
-    lines = [ln for ln in text.splitlines() if ln.strip() and not re.match(r"^\W*reasoning\b", ln, re.IGNORECASE)]
-    return _clean_query(lines[-1]) if lines else ""
-
-
-def parse_numbered_queries(text: str) -> dict[int, str]:
-    """``{topic number: query}`` from ``1. query`` lines; unnumbered lines count in order."""
-    numbered = {int(m.group(1)): _clean_query(m.group(2)) for m in map(_NUMBERED.match, text.splitlines()) if m}
-    if numbered:
-        return {i: q for i, q in numbered.items() if q}
-    plain = [_clean_query(ln) for ln in text.splitlines() if ln.strip()]
-    return {i: q for i, q in enumerate(plain, 1) if q}
-
-
-def clean_evidence(text: str, gists: list[str]) -> str:
-    """The evidence written for one slot, without echoed outline lines, placeholders or labels."""
-    echoes = {_norm(g) for g in gists} | {_norm(h) for h in (prompts.OUTLINE_HEADING, prompts.PLAN_HEADING,
-                                                              prompts.NOTES_HEADING)}
-    kept = []
-    for line in _TAG.sub(" ", _THINK.sub(" ", text)).splitlines():
-        item = _ITEM.match(line)
-        if "to be filled" in line.lower() or _norm(line) in echoes or (item and _norm(item.group(1)) in echoes):
-            continue
-        kept.append(_LABEL.sub("", line.strip()))
-    return " ".join(" ".join(kept).split())[:EVIDENCE_CHARS]
-
-
-def parse_verdict(text: str) -> bool | None:
-    """True for yes/sufficient/enough, False for no/not/insufficient (first word that says), else None."""
-    found = _VERDICT.search(text)
-    return None if found is None else found.group(1).lower() in ("yes", "sufficient", "enough")
 
 
 # -- the sketch -------------------------------------------------------------------------------------
@@ -159,10 +101,28 @@ class Sketch:
             lines += [f"{i}. {slot.gist}", f"   Evidence: {slot.evidence or prompts.EMPTY_SLOT}"]
         return "\n".join(lines)
 
-    def revised(self, gists: list[str]) -> Sketch:
-        """A sketch with ``gists``; a gist kept verbatim (up to case and punctuation) keeps its evidence."""
-        evidence = {_norm(s.gist): s.evidence for s in self.slots}
-        return Sketch([Slot(g, evidence.get(_norm(g))) for g in gists])
+    def revised(self, revisions: list[Revision]) -> tuple[Sketch, list[dict]]:
+        """The sketch ``revisions`` describe, and one record per slot whose evidence an edit changed.
+
+        A topic kept verbatim (up to case and punctuation) keeps its evidence unless the revision
+        states other evidence; stated evidence replaces it ("[to be filled]" empties the slot) when
+        it is grounded in the old sketch's evidence (:func:`methods.seek_parsing.grounded`), else
+        the edit is refused (recorded) and the slot keeps what it had. New topics start empty
+        unless grounded evidence (moved from another slot) is stated for them.
+        """
+        before = {norm(s.gist): s.evidence for s in self.slots}
+        source = " ".join(s.evidence for s in self.slots if s.evidence)
+        slots, edits = [], []
+        for revision in revisions:
+            old = before.get(norm(revision.gist))
+            new = old if not revision.stated else (revision.evidence[:EVIDENCE_CHARS] if revision.evidence else None)
+            if new is not None and new != old and not grounded(new, source):
+                edits.append({"topic": revision.gist, "refused": new})
+                new = old
+            elif norm(new or "") != norm(old or ""):
+                edits.append({"topic": revision.gist, "before": old, "after": new})
+            slots.append(Slot(revision.gist, new))
+        return Sketch(slots), edits
 
 
 def render_notes(notes: list[str], plan: list[str] | None = None) -> str:
@@ -174,7 +134,8 @@ def render_notes(notes: list[str], plan: list[str] | None = None) -> str:
 
 def fallback_query(focus: str, question: str) -> str:
     """The query used when the model wrote none: the gist and the question (the question alone without a gist)."""
-    return question if _norm(focus) in (_norm(question), _norm(prompts.NOTES_FOCUS)) else f"{focus} {question}"
+    bare = {norm(question), norm(prompts.NOTES_FOCUS), norm(prompts.PLAN_DONE_FOCUS)}
+    return question if norm(focus) in bare else f"{focus} {question}"
 
 
 # -- the method ----------------------------------------------------------------------------------------
@@ -190,7 +151,8 @@ class Seek(Method):
     max_rounds: int = 10  # retrieval rounds at most
     max_slots: int = 6  # gists beyond this are dropped (noted)
     doc_chars: int = 800  # characters of each document shown to the refine call
-    sketch_tokens: int = 160  # also the sketch update call
+    sketch_tokens: int = 160
+    update_tokens: int = 1024  # the update call rewrites the whole sketch, evidence included
     query_tokens: int = 48  # per sub-query
     refine_tokens: int = 128
     judge_tokens: int = 8
@@ -211,7 +173,7 @@ class Seek(Method):
     async def run(self, ctx: QuestionContext) -> None:
         ctx.stats.update(variant=self.variant, slots=0, slots_filled=0, rounds=0, stop="")
         if self.variant == "update":
-            ctx.stats["updates"] = 0
+            ctx.stats.update(updates=0, evidence_edits=0, refused_edits=0)
         fill = {"full": self._fill_in_order, "update": self._fill_in_order, "parallel_filling": self._fill_in_parallel,
                 "no_iter_retrieval": self._fill_from_one_retrieval, "plan": self._gather_plan_notes,
                 "no_initialization": self._gather_notes}[self.variant]
@@ -274,25 +236,29 @@ class Seek(Method):
         return await self._gather_notes(ctx, plan=(await self._init_sketch(ctx)).gists())
 
     async def _gather_notes(self, ctx: QuestionContext, plan: list[str] | None = None) -> str:
-        """``plan`` (with a plan) and ``no_initialization`` (without): notes until judged sufficient."""
+        """``plan`` (with a plan) and ``no_initialization`` (without): notes are concatenated until
+        judged sufficient or ``max_rounds``. With a plan, step i researches plan topic i; once every
+        topic has had its step, the steps research whatever the notes still lack."""
         notes: list[str] = []
-        limit = self.max_rounds if plan is None else min(len(plan), self.max_rounds)
-        stop = "plan_done" if plan is not None and len(plan) <= self.max_rounds else "round_cap"
-        for step in range(limit):
+        stop = "round_cap"
+        for step in range(self.max_rounds):
             blocker = self._round_blocker(ctx, step)
             if blocker:
                 stop = blocker
                 break
             context = render_notes(notes, plan)
-            focus = plan[step] if plan else prompts.NOTES_FOCUS
+            topic = plan[step] if plan and step < len(plan) else None
+            focus = topic or (prompts.PLAN_DONE_FOCUS if plan else prompts.NOTES_FOCUS)
             query = await self._write_query(ctx, context, focus)
-            (hits,) = await gather_evidence(ctx, [query], self.admission, purposes=[plan[step] if plan else query],
+            (hits,) = await gather_evidence(ctx, [query], self.admission, purposes=[topic or query],
                                             select_tokens=self.select_tokens)
             notes.append(await self._refine(ctx, context, focus, query, hits, plan or []))
-            if step + 1 < limit and await self._judge(ctx, render_notes(notes, plan)):
+            if step + 1 < self.max_rounds and await self._judge(ctx, render_notes(notes, plan)):
                 stop = "sufficient"
                 break
         self._record(ctx, stop, notes=notes)
+        if plan is not None:
+            ctx.stats["steps_beyond_plan"] = max(0, len(notes) - len(plan))
         return render_notes(notes, plan)
 
     # -- one step each ------------------------------------------------------------------------------
@@ -357,19 +323,37 @@ class Seek(Method):
         return bool(verdict)
 
     async def _update(self, ctx: QuestionContext, sketch: Sketch) -> Sketch:
-        """``update``: the model may remove, add or reword gists; an unusable reply keeps the sketch."""
+        """``update``: the model rewrites the sketch, topics and evidence: it may remove, add or
+        reword topics and cut or reconcile filled evidence (see :meth:`Sketch.revised`). A "keep",
+        an unusable or a cut-off reply keeps the sketch (the last two noted)."""
         prompt = prompts.UPDATE.format(question=ctx.question, context=sketch.render())
-        text = await self._call(ctx, prompt, self.sketch_tokens, "update")
-        gists = self._capped(ctx, parse_gists(text or ""))
-        if not gists:
-            if text is None or not _KEEP.search(text):
-                ctx.note("update_unparsed", output=text)
+        result = await ctx.generate([{"role": "user", "content": prompt}], max_tokens=self.update_tokens, tag="update")
+        completion = result.completions[0]
+        if completion.finish_reason == "error":
+            ctx.note("llm_error", call="update", error=completion.error)
             return sketch
-        revised = sketch.revised(gists)
+        revisions = parse_sketch_revision(completion.text)
+        if not revisions:
+            if not says_keep(completion.text):
+                ctx.note("update_unparsed", output=completion.text)
+            return sketch
+        if completion.finish_reason == "length":  # topics after the cut would be lost
+            ctx.note("update_truncated", output=completion.text)
+            return sketch
+        revised, edits = sketch.revised(self._capped_revisions(ctx, revisions))
         if revised.gists() != sketch.gists():
-            ctx.stats["updates"] = ctx.stats.get("updates", 0) + 1
+            ctx.stats["updates"] += 1
             ctx.note("sketch_updated", before=sketch.gists(), after=revised.gists())
+        for edit in edits:
+            refused = "refused" in edit
+            ctx.stats["refused_edits" if refused else "evidence_edits"] += 1
+            ctx.note("evidence_edit_refused" if refused else "evidence_edited", **edit)
         return revised
+
+    def _capped_revisions(self, ctx: QuestionContext, revisions: list[Revision]) -> list[Revision]:
+        if len(revisions) > self.max_slots:
+            ctx.note("sketch_truncated", dropped=[r.gist for r in revisions[self.max_slots:]])
+        return revisions[: self.max_slots]
 
     async def _answer(self, ctx: QuestionContext, knowledge: str) -> None:
         prompt = prompts.ANSWER.format(context=knowledge, question=ctx.question)

@@ -11,7 +11,17 @@ import methods.seek  # registers "seek"
 from envs.types import QAExample
 from methods.llm import Completion, GenerationResult
 from methods.runner import run_questions_sync
-from methods.seek import Seek, Sketch, clean_evidence, parse_gists, parse_numbered_queries, parse_query, parse_verdict
+from methods.seek import Seek, Sketch
+from methods.seek_parsing import (
+    Revision,
+    clean_evidence,
+    grounded,
+    parse_gists,
+    parse_numbered_queries,
+    parse_query,
+    parse_sketch_revision,
+    parse_verdict,
+)
 
 QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
 GISTS = ["Country named in the question", "Seat of government of that country", "City on the Seine"]
@@ -23,7 +33,7 @@ SUBQUERY = "Topic to research now:"
 PARALLEL = "For every numbered topic of the outline"
 REFINE = "Topic to fill:"
 JUDGE = "Is the information gathered above enough"
-UPDATE = "Should the outline of topics change now?"
+UPDATE = "Should the outline change now?"
 ANSWER = "reply to the question with the answer only"
 SELECT = "Reply with the numbers to open"
 
@@ -174,10 +184,31 @@ def test_plan_appends_notes_until_judged_sufficient():
     assert f"Evidence about {GISTS[0]}" in second and QUERIES[GISTS[0]] not in second
 
 
-def test_plan_stops_when_its_steps_are_exhausted():
-    (record,), _, retriever = run(scripted(judge=("no",) * 5), variant="plan")
-    assert len(retriever.calls) == 3 and tags(record).count("judge") == 2  # no judgement after the last step
-    assert record["method_stats"]["stop"] == "plan_done"
+def test_plan_concatenates_beyond_the_plan_until_judged_sufficient():
+    (record,), _, retriever = run(scripted(judge=("no", "no", "no", "yes")), variant="plan")
+    assert len(retriever.calls) == 4 and tags(record).count("judge") == 4
+    stats = record["method_stats"]
+    assert stats["stop"] == "sufficient" and stats["notes"] == 4 and stats["steps_beyond_plan"] == 1
+    focuses = [focus_of(p, SUBQUERY) for p in prompts_tagged(record, "subquery")]
+    assert focuses[:3] == GISTS and focuses[3].startswith("whatever the notes still lack")
+    fourth = prompts_tagged(record, "subquery")[3]
+    assert "Plan of topics to research:" in fourth and all(f"Evidence about {g}: Paris." in fourth for g in GISTS)
+    assert retriever.calls[3] == ["capital of France"]
+    assert prompts_tagged(record, "answer")[0].count("- Evidence about") == 4  # every note, concatenated
+
+
+def test_plan_stops_at_its_round_cap():
+    (record,), _, retriever = run(scripted(judge=("no",) * 20), variant="plan", max_rounds=5)
+    assert len(retriever.calls) == 5 and tags(record).count("judge") == 4  # no judgement after the last round
+    assert record["method_stats"]["stop"] == "round_cap" and record["method_stats"]["notes"] == 5
+    assert Seek(variant="plan", max_rounds=5).env_config().max_searches == 5
+    (record,), _, retriever = run(scripted(judge=("no",) * 20), variant="plan", max_rounds=2)
+    assert len(retriever.calls) == 2 and record["method_stats"]["steps_beyond_plan"] == 0  # the cap beats the plan
+
+
+def test_plan_unclear_judgement_counts_as_not_yet():
+    (record,), _, retriever = run(scripted(judge=("perhaps",) * 20), variant="plan", max_rounds=4)
+    assert len(retriever.calls) == 4 and notes(record).count("judge_unparsed") == 3
 
 
 def test_update_rewrites_gists_and_keeps_evidence_of_surviving_ones():
@@ -192,6 +223,64 @@ def test_update_rewrites_gists_and_keeps_evidence_of_surviving_ones():
     answer_prompt = prompts_tagged(record, "answer")[0]
     assert f"Evidence about {GISTS[0]}: Paris." in answer_prompt  # survived the update
     assert GISTS[2] not in answer_prompt  # removed by the update
+
+
+def evidence(gist):
+    return f"Evidence about {gist}: Paris."
+
+
+def test_update_edits_gists_and_filled_evidence():
+    revised = (f"1. {GISTS[0]}\n   Evidence: {GISTS[0]}: Paris.\n"  # irrelevant words cut
+               f"2. Capital city of France\n   Evidence: {evidence(GISTS[1])}\n"  # reworded, evidence moved along
+               f"3. Currency used there\n   Evidence: [to be filled]")  # GISTS[2] removed, a topic added
+    script = scripted()
+
+    def respond(prompt):
+        if UPDATE in prompt and evidence(GISTS[1]) in prompt and "Capital city of France" not in prompt:
+            return revised
+        return "keep" if UPDATE in prompt else script(prompt)
+
+    (record,), _, _ = run(respond, variant="update")
+    assert tags(record) == ["sketch"] + ["subquery", "refine", "update"] * 3 + ["answer"]
+    assert [focus_of(p, SUBQUERY) for p in prompts_tagged(record, "subquery")] == [GISTS[0], GISTS[1],
+                                                                                      "Currency used there"]
+    stats = record["method_stats"]
+    assert stats["updates"] == 1 and stats["evidence_edits"] == 2 and stats["refused_edits"] == 0
+    edited = [e for e in record["trace"] if e.get("kind") == "evidence_edited"]
+    assert {e["topic"] for e in edited} == {GISTS[0], "Capital city of France"}
+    answer_prompt = prompts_tagged(record, "answer")[0]
+    assert f"1. {GISTS[0]}\n   Evidence: {GISTS[0]}: Paris." in answer_prompt  # the edited content
+    assert f"2. Capital city of France\n   Evidence: {evidence(GISTS[1])}" in answer_prompt
+    assert f"3. Currency used there\n   Evidence: {evidence('Currency used there')}" in answer_prompt
+    assert GISTS[2] not in answer_prompt
+    first_update = prompts_tagged(record, "update")[0]
+    assert evidence(GISTS[0]) in first_update and "[to be filled]" in first_update  # it sees the evidence
+
+
+def test_update_refuses_evidence_that_was_never_retrieved():
+    invented = (f"1. {GISTS[0]}\n   Evidence: Lyon has been the French capital since 1999.\n"
+                f"2. {GISTS[1]}\n   Evidence: The seat of government is Marseille.\n3. {GISTS[2]}")
+    (record,), _, retriever = run(scripted(update=(invented,)), variant="update")
+    assert [e["topic"] for e in record["trace"] if e.get("kind") == "evidence_edit_refused"] == GISTS[:2]
+    assert record["method_stats"]["refused_edits"] == 2 and record["method_stats"]["evidence_edits"] == 0
+    assert len(retriever.calls) == 3  # the empty slot kept empty and was searched
+    answer_prompt = prompts_tagged(record, "answer")[0]
+    assert evidence(GISTS[0]) in answer_prompt and "Lyon" not in answer_prompt and "Marseille" not in answer_prompt
+
+
+def test_update_emptying_a_slot_refills_it():
+    emptied = f"1. {GISTS[0]}\n   Evidence: [to be filled]\n2. {GISTS[1]}\n3. {GISTS[2]}"
+    (record,), _, retriever = run(scripted(update=(emptied,)), variant="update")
+    focuses = [focus_of(p, SUBQUERY) for p in prompts_tagged(record, "subquery")]
+    assert focuses == [GISTS[0], GISTS[0], GISTS[1], GISTS[2]] and len(retriever.calls) == 4
+    assert record["method_stats"]["evidence_edits"] == 1 and record["method_stats"]["slots_filled"] == 3
+
+
+def test_update_cut_off_by_its_token_budget_keeps_the_sketch():
+    long_outline = f"1. {GISTS[0]}\n   Evidence: {' '.join(['Paris'] * 50)}\n2. New topic"
+    (record,), _, retriever = run(scripted(update=(long_outline,)), variant="update", update_tokens=20)
+    assert "update_truncated" in notes(record) and record["method_stats"]["updates"] == 0
+    assert len(retriever.calls) == 3 and record["method_stats"]["final_slots"] == 3
 
 
 def test_update_that_keeps_adding_gists_is_bounded_by_the_round_cap():
@@ -337,9 +426,28 @@ def test_clean_evidence_and_verdicts():
     assert parse_verdict("No.") is False and parse_verdict("maybe") is None
 
 
+def test_parse_sketch_revision():
+    text = ("Here is the revised outline:\n"
+            "1. **Founder**\n   Evidence: Ann founded it.\n"
+            "2. Year - Evidence: [to be filled]\n"
+            "3. Place\n"
+            "- Evidence: in Oslo\n"
+            "4. founder\n   Evidence: duplicate\n")
+    assert [(r.gist, r.evidence, r.stated) for r in parse_sketch_revision(text)] == [
+        ("Founder", "Ann founded it.", True), ("Year", None, True), ("Place", "in Oslo", True)]
+    assert parse_sketch_revision("keep") == [] and parse_sketch_revision("1. Only a topic")[0].stated is False
+
+
+def test_grounded_evidence():
+    source = "Paris is the capital of France. The Seine flows through Paris."
+    assert grounded("The capital of France is Paris.", source)
+    assert grounded("Paris.", source) and grounded("", source)
+    assert not grounded("Lyon is the capital of Germany since 1999.", source)
+
+
 def test_sketch_revision_keeps_evidence_by_gist():
     sketch = Sketch.from_gists(["A topic", "B topic"])
     sketch.slots[0].evidence = "found A"
-    revised = sketch.revised(["b topic", "a topic!", "C topic"])
+    revised, edits = sketch.revised([Revision("b topic"), Revision("a topic!"), Revision("C topic")])
     assert [s.evidence for s in revised.slots] == [None, "found A", None] and revised.next_empty() == 0
-    assert "1. b topic\n   Evidence: [to be filled]" in revised.render()
+    assert "1. b topic\n   Evidence: [to be filled]" in revised.render() and edits == []

@@ -1,4 +1,5 @@
-"""MAPS prompts: judge the gathered knowledge, plan parallel searches, consolidate their evidence.
+"""MAPS prompts: judge the gathered knowledge and name directions, write one sub-query per
+direction, consolidate the evidence, answer.
 
 Every prompt starts from the same working memory, rendered by :mod:`methods.maps`: the question,
 the knowledge observations gathered so far and the current reasoning state (or, in the
@@ -6,11 +7,16 @@ the knowledge observations gathered so far and the current reasoning state (or, 
 
 Reply formats, one item per line:
 
-- judge: the single word ``sufficient`` or ``insufficient``;
-- directions: ``direction: <what to find out> | query: <search query>``;
-- sub-queries only (``no_retrieval_direction``): ``query: <search query>``;
-- refine: ``Observation: <new facts>`` then ``State: <what is settled, what is missing>``.
+- directions (from the second iteration on, after a ``Sufficient: yes|no`` line):
+  ``direction: <what to find out>``;
+- sub-query (one call per direction): ``query: <search query>``;
+- sub-queries only (``no_retrieval_direction``, same verdict line first): ``query: <search query>``;
+- refine: ``Observation: <new facts>`` then ``State: <what is settled, what is missing>``;
+- ``single_call`` variant: one plan call, ``direction: <what to find out> | query: <search query>``,
+  and a separate judge call replying ``sufficient`` or ``insufficient``.
 """
+
+INTRO = "You are answering a question by searching Wikipedia step by step.\n\n{memory}\n\n"
 
 MEMORY = (
     "Question: {question}\n\n"
@@ -29,14 +35,43 @@ NOTHING_YET = "(nothing yet)"
 NO_STATE = "(no reasoning yet)"
 NOTHING_NEW = "(nothing new)"
 
-JUDGE = (
-    "You are answering a question by searching Wikipedia step by step.\n\n{memory}\n\n"
+JUDGE = INTRO + (
     "Decide whether the knowledge gathered so far is enough to answer the question with "
     "confidence. Reply with one word: sufficient or insufficient."
 )
 
-DIRECTIONS = (
-    "You are answering a question by searching Wikipedia step by step.\n\n{memory}\n\n"
+# From the second iteration on, the planning call first says whether to stop.
+JUDGE_FIRST = (
+    "First decide whether the knowledge gathered so far is enough to answer the question with "
+    "confidence, and say so on the first line, exactly 'Sufficient: yes' or 'Sufficient: no'. If "
+    "yes, write nothing more. If no, on the following lines "
+)
+NO_JUDGEMENT = "Nothing has been searched yet, so "
+
+DIRECTIONS = INTRO + (
+    "{judge}identify {directions}: different facts or entities that are still unknown and that "
+    "together cover what is missing, rather than rewordings of one another. Describe each "
+    "direction in a short phrase; do not write search queries yet. Write one line per "
+    "direction, exactly like this:\n"
+    "direction: <what to find out>"
+)
+
+SUB_QUERY = INTRO + (
+    "Retrieval direction to pursue now: {direction}\n\n"
+    "Write one search query that would find the knowledge this direction asks for: short and "
+    "self-contained (name the entities; no pronouns). Reply with one line, exactly like this:\n"
+    "query: <search query>"
+)
+
+SUB_QUERIES = INTRO + (
+    "{judge}write {queries} that would find what is still unknown. Make each "
+    "query short and self-contained (name the entities; no pronouns). Write one line per query, "
+    "exactly like this:\n"
+    "query: <search query>"
+)
+
+# The ``single_call`` variant: directions and their sub-queries in one call, judged separately.
+PLAN = INTRO + (
     "Plan the next searches. Think about what is still unknown and identify {directions}: "
     "different facts or entities to look up, which together cover what is missing, rather than "
     "rewordings of one search. For each direction write one "
@@ -45,16 +80,7 @@ DIRECTIONS = (
     "direction: <what to find out> | query: <search query>"
 )
 
-SUB_QUERIES = (
-    "You are answering a question by searching Wikipedia step by step.\n\n{memory}\n\n"
-    "Write {queries} that would find what is still unknown. Make each "
-    "query short and self-contained (name the entities; no pronouns). Write one line per query, "
-    "exactly like this:\n"
-    "query: <search query>"
-)
-
-REFINE = (
-    "You are answering a question by searching Wikipedia step by step.\n\n{memory}\n\n"
+REFINE = INTRO + (
     "New evidence from this round of searches:\n{evidence}\n\n"
     "Consolidate the new evidence. Write exactly two lines:\n"
     "Observation: <the facts in the new evidence that bear on the question, with names, dates "
@@ -76,13 +102,19 @@ ALREADY_SHOWN = "(no passages beyond those shown above)"
 QUESTION_DIRECTION = "the question as a whole"
 
 
-def directions_wanted(n: int) -> str:
-    """How many directions the planning prompt asks for, in words."""
+def directions_wanted(n: int, fixed: bool) -> str:
+    """How many directions the planning prompt asks for, in words: exactly ``n`` when ``fixed``,
+    else as many as the missing knowledge calls for, at most ``n``."""
     if n == 1:
         return "the single most useful retrieval direction"
-    return f"{n} complementary retrieval directions"
+    if fixed:
+        return f"{n} complementary retrieval directions"
+    return (f"the complementary retrieval directions still needed (one per distinct piece of missing "
+            f"knowledge, at most {n})")
 
 
-def queries_wanted(n: int) -> str:
+def queries_wanted(n: int, fixed: bool = True) -> str:
     """How many sub-queries the ``no_retrieval_direction`` prompt asks for, in words."""
-    return "one search query" if n == 1 else f"{n} different search queries"
+    if n == 1:
+        return "one search query"
+    return f"{n} different search queries" if fixed else f"up to {n} different search queries"

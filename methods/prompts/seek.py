@@ -1,9 +1,10 @@
 """SEEK prompts (sketch-guided knowledge construction), written in our own words.
 
 The sketch is shown to the model as a numbered outline of topics ("gists"), each followed by
-an ``Evidence:`` line that reads ``[to be filled]`` until its slot is filled. The model never
-rewrites the outline: it writes the topics once, then one query and one piece of evidence at a
-time, and the method fills the slot itself.
+an ``Evidence:`` line that reads ``[to be filled]`` until its slot is filled. The model does not
+rewrite the outline (only the ``update`` ablation's UPDATE prompt asks it to, in the same form):
+it writes the topics once, then one query and one piece of evidence at a time, and the method
+fills the slot itself.
 """
 
 EMPTY_SLOT = "[to be filled]"
@@ -51,10 +52,13 @@ JUDGE = (
 UPDATE = (
     "Here is an outline of topics for answering a question, with the evidence found so far.\n\n"
     "Question: {question}\n\n{context}\n\n"
-    "Should the outline of topics change now? You may remove topics that are no longer needed, "
-    "add topics for knowledge that is still missing, or reword topics. If it should change, write "
-    "the whole new list of topic names as a numbered list (1. topic), one per line, copying the "
-    "names of the topics you keep exactly. If it is fine as it is, reply: keep."
+    "Should the outline change now? You may remove topics that are redundant or no longer "
+    "needed, add topics for knowledge that is still missing, reword topics, delete parts of a "
+    "topic's evidence that do not bear on the question, and settle evidence that contradicts "
+    "other evidence by keeping the better supported statement. Do not add facts that the evidence "
+    "above does not contain. If it should change, write the whole revised outline in the same "
+    "form: each topic as a numbered line (1. topic), then its line 'Evidence: ...' (a new topic "
+    "gets 'Evidence: [to be filled]'). If it is fine as it is, reply: keep."
 )
 
 ANSWER = (
@@ -69,3 +73,4 @@ PLAN_HEADING = "Plan of topics to research:"
 NOTES_HEADING = "Notes gathered so far:"
 NO_NOTES = "(none yet)"
 NOTES_FOCUS = "whatever the notes still lack to answer the question"
+PLAN_DONE_FOCUS = "whatever the notes still lack to answer the question (every plan topic has had a search)"
