@@ -3,7 +3,7 @@
     python -m inference.evaluate --method seeds-react --data data/hotpot.jsonl --limit 500 \\
         --llm hf:/models/qwen --index indexes/wiki18-e5 --out runs/seeds-react-hotpot
     python -m inference.evaluate --method vanilla-rag --limit 20 --out runs/rag   # embedded default
-    python -m inference.evaluate --compare runs/rag runs/seeds-react
+    python -m inference.evaluate --compare runs/rag runs/seeds-react   # paired bootstrap -> ./compare.json
 
 Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
 generated from the Wikipedia-summaries corpus, Gemma 3 270M (hf backend) and the default MiniLM
@@ -30,6 +30,7 @@ from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import ConfigError, read_recipe
 from inference.backends import load_backend
+from inference.compare import compare_runs, format_comparison
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
 from methods.runner import run_questions_sync
@@ -82,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without a key)")
     parser.add_argument("--wandb-project", default="seeds-rl")
-    parser.add_argument("--compare", nargs="+", metavar="RUN", help="print these runs' metrics side by side")
+    parser.add_argument("--compare", nargs="+", metavar="RUN",
+                        help="print these runs' metrics side by side, then each run against the first: paired "
+                             "bootstrap 95%% intervals of the differences (also in <--out or .>/compare.json)")
     return parser
 
 
@@ -239,10 +242,24 @@ def compare(runs: list[str]) -> str:
     return format_table(rows)
 
 
+def compare_paired(runs: list[str], out: str | None) -> str:
+    """The paired bootstrap of every run against the first, written to ``<out or .>/compare.json``."""
+    missing = [run for run in runs if not (Path(run) / "predictions.jsonl").exists()]
+    if missing:
+        return f"no paired comparison: {', '.join(missing)} has no predictions.jsonl"
+    comparison = compare_runs(runs)
+    target = Path(out or ".") / "compare.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(comparison, target)
+    return f"{format_comparison(comparison)}\n\n(written to {target})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = resolve_args(argv)
     if args.compare:
         print(compare(args.compare))
+        if len(args.compare) > 1:
+            print("\n" + compare_paired(args.compare, args.out))
         return 0
     evaluate(args)
     return 0
