@@ -11,6 +11,7 @@ import pytest
 from conftest import PASSAGES
 from fake_llm import FakeLLM
 from test_methods import competent
+from test_ppo_loop import tiny_cfg
 
 from envs.retrieval.corpus import load_corpus
 from envs.retrieval.encoders import load_encoder
@@ -20,6 +21,9 @@ from inference import view
 from inference.compare import compare_records, compare_runs
 from inference.predictions import load_predictions
 from inference.view_records import evaluation_question, training_sample
+from tests.tiny_models import tiny_llama, tiny_tokenizer
+from training.models import wrap_models
+from training.ppo import train
 from training.ppo_report import episode_turns, sample_record
 from training.rollout import Episode
 
@@ -250,3 +254,17 @@ def test_a_large_run_renders_only_the_rows_in_view(browser, runs, tmp_path):
                                    "list.dispatchEvent(new Event('scroll')); }")
     page.wait_for_selector('.qrow[data-id="q3999"]')
     assert problems == []
+
+
+def test_a_ppo_runs_samples_open_in_the_viewer(tmp_path, retriever, examples):
+    tok = tiny_tokenizer()
+    cfg = tiny_cfg(tmp_path, log_samples=2)
+    train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=wrap_models(tiny_llama(tok), tok, cfg))
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and all(s["episode"]["question"] for s in samples)
+    for sample in samples:  # the turns are the completion, cut where the model and the env take turns
+        assert "".join(text for turn in sample["turns"] for _, text in turn) == sample["text"]
+    run = view.load_run(tmp_path)
+    assert run["kind"] == "training" and [q["id"] for q in run["questions"]] == [
+        f"1:{s['question']}" for s in samples]
+    assert run["questions"][0]["question"] == samples[0]["episode"]["question"]
