@@ -3,7 +3,7 @@
     python -m inference.evaluate --method seeds-react --data data/hotpot.jsonl --limit 500 \\
         --llm hf:/models/qwen --index indexes/wiki18-e5 --out runs/seeds-react-hotpot
     python -m inference.evaluate --method vanilla-rag --limit 20 --out runs/rag   # embedded default
-    python -m inference.evaluate --compare runs/rag runs/seeds-react   # paired bootstrap -> ./compare.json
+    python -m inference.evaluate --compare runs/rag runs/seeds-react   # paired bootstrap -> runs/rag/compare.json
 
 Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
 generated from the Wikipedia-summaries corpus, Gemma 3 270M (hf backend) and the default MiniLM
@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--wandb-project", default="seeds-rl")
     parser.add_argument("--compare", nargs="+", metavar="RUN",
                         help="print these runs' metrics side by side, then each run against the first: paired "
-                             "bootstrap 95%% intervals of the differences (also in <--out or .>/compare.json)")
+                             "bootstrap 95%% intervals of the differences (also in compare.json in --out, "
+                             "default the first run's folder)")
     return parser
 
 
@@ -243,12 +244,13 @@ def compare(runs: list[str]) -> str:
 
 
 def compare_paired(runs: list[str], out: str | None) -> str:
-    """The paired bootstrap of every run against the first, written to ``<out or .>/compare.json``."""
+    """The paired bootstrap of every run against the first, written to ``compare.json`` in ``out``
+    (default: the first run's folder)."""
     missing = [run for run in runs if not (Path(run) / "predictions.jsonl").exists()]
     if missing:
         return f"no paired comparison: {', '.join(missing)} has no predictions.jsonl"
     comparison = compare_runs(runs)
-    target = Path(out or ".") / "compare.json"
+    target = Path(out or runs[0]) / "compare.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(comparison, target)
     return f"{format_comparison(comparison)}\n\n(written to {target})"
