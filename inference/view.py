@@ -44,13 +44,19 @@ def _read_json(path: Path) -> dict | None:
 
 
 def _read_samples(path: Path) -> list[dict]:
+    """The lines of ``samples.jsonl``; a torn last line (a run killed mid-write) is left out with a
+    warning, a bad line elsewhere is an error."""
     samples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             sample = json.loads(line)
         except ValueError as err:
+            if number == len(lines):
+                print(f"{path}: the last line is torn (a run stopped while writing it); left out", file=sys.stderr)
+                break
             raise RunViewError(f"{path}: line {number} is not JSON ({err})") from err
         if not isinstance(sample, dict):
             raise RunViewError(f"{path}: line {number} is not a sample record")

@@ -122,6 +122,15 @@ def test_training_samples_record_turns_and_the_episode_and_old_samples_show_thei
     assert old["transcript"] == [[["model", "T"]]] and old["flags"]["limit"] and old["flags"]["wrong"] is None
 
 
+def test_a_torn_last_sample_line_is_left_out_and_a_bad_line_elsewhere_is_an_error(tmp_path):
+    good = json.dumps({"update": 1, "question": "e1", "reward": 0.0, "finish": "answer", "text": "T"})
+    (tmp_path / "samples.jsonl").write_text(good + "\n" + '{"update": 2, "quest')
+    assert [q["id"] for q in view.load_run(tmp_path)["questions"]] == ["1:e1"]
+    (tmp_path / "samples.jsonl").write_text("not json\n" + good + "\n")
+    with pytest.raises(view.RunViewError, match="line 1"):
+        view.load_run(tmp_path)
+
+
 def test_embedded_data_cannot_close_the_script_element(runs):
     page = view.render_page([view.load_run(runs[0])])
     data_start = page.index('id="run-data">')

@@ -286,7 +286,9 @@ add(app, el("header", {}, el("h1", {}, RUNS.map((r) => r.name).join(" vs "))), h
 function route() {
   const match = location.hash.match(/^#q=(.*)$/);
   if (match) {
-    detail.replaceChildren(questionPage(decodeURIComponent(match[1])));
+    let id = match[1];
+    try { id = decodeURIComponent(id); } catch (error) { /* a hand-edited address: look it up as typed */ }
+    detail.replaceChildren(questionPage(id));
     home.hidden = true;
     detail.hidden = false;
     window.scrollTo(0, 0);
