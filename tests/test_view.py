@@ -242,6 +242,10 @@ def test_the_page_loads_filters_and_opens_a_question(browser, runs, tmp_path):
     assert first.locator("table.candidates tr.expanded").count() == 2
     assert "passages shown" in first.inner_text()
     page.go_back()
+    page.click('.qrow[data-id="b"]')
+    page.wait_for_selector("#detail")
+    assert "positives not opened: [3] Vienna (search 1)" in page.locator("#detail .why").first.inner_text()
+    page.go_back()
     page.wait_for_selector("#home:not([hidden])")
     assert problems == []
 

@@ -245,6 +245,9 @@ function whyLine(e) {
   }
   if (c.docs_read !== undefined) parts.push(`documents opened ${c.docs_read}`);
   if (c.n_invalid) parts.push(`invalid actions ${c.n_invalid}`);
+  const skipped = (e.searches || []).flatMap((s, i) => s.candidates.filter((row) => row[5] && !row[8])
+    .map((row) => `[${row[0]}] ${row[3] || row[4]} (search ${i + 1})`));
+  if (skipped.length) parts.push(`positives not opened: ${skipped.join(", ")}`);
   return parts.join(" · ");
 }
 
