@@ -15,7 +15,7 @@ import warnings
 
 MOVED = {f"envs.{name}": f"envs.retrieval.{name}" for name in (
     "corpus", "default_corpus", "defaults", "encoders", "index", "index_build", "index_embed",
-    "index_memory", "microbatch", "remote", "rerank", "retriever", "server", "server_requests")}
+    "index_memory", "remote", "rerank", "retriever", "server")}
 
 
 class _AliasLoader(importlib.abc.Loader):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from envs.types import QAExample
 
 __all__ = [
     "DataFormatError", "load_flashrag_jsonl", "load_hotpot_json", "load_qa", "contexts_corpus",
-    "write_flashrag_jsonl", "generate_default_questions", "example_from_record",
+    "write_flashrag_jsonl", "generate_default_questions", "example_from_record", "ProxyPositivesWarning",
+    "warn_if_proxy_positives",
 ]
 
 _ANSWER_KEYS = ("golden_answers", "answers", "answer")
@@ -27,6 +29,33 @@ _KNOWN_KEYS = {"id", "_id", "question", "metadata", "supporting_titles", "positi
 
 class DataFormatError(ValueError):
     """A QA record cannot be read; the message names the file and the line (or item)."""
+
+
+class ProxyPositivesWarning(UserWarning):
+    """Questions without labelled positives: the answer-bearing proxy stands in for them."""
+
+
+_WARNED_PROXY: set[str] = set()  # datasets already warned about in this process (once per run)
+
+
+def warn_if_proxy_positives(examples: list[QAExample], source: str) -> int:
+    """Warn, once per ``source`` and process, when questions have no labelled positives.
+
+    Such a question's selection reward and positive statistics use the answer-bearing proxy (a
+    passage is positive when it contains a gold answer), which does not credit bridge documents.
+    Returns the number of questions without positives.
+    """
+    missing = sum(1 for e in examples if not (e.positive_ids or e.positive_titles))
+    if missing and source not in _WARNED_PROXY:
+        _WARNED_PROXY.add(source)
+        share = "all" if missing == len(examples) else f"{missing} of the"
+        warnings.warn(
+            f"{source}: {share} {len(examples)} questions have no labelled positives (positive_ids, "
+            "supporting_titles, positive_titles or supporting_facts, at the top level or under metadata); "
+            "for those the selection reward and the positive statistics use the answer-bearing proxy "
+            "(a passage containing a gold answer), which does not credit bridge documents",
+            ProxyPositivesWarning, stacklevel=3)
+    return missing
 
 
 def _answers(record: dict) -> tuple[str, ...]:
@@ -73,12 +102,34 @@ def _join_sentences(sentences: Iterable[str]) -> str:
     return text.strip()
 
 
-def _supporting_titles(record: dict) -> tuple[str, ...]:
-    titles = record.get("supporting_titles") or record.get("positive_titles")
-    if not titles and record.get("supporting_facts"):
-        facts = record["supporting_facts"]
-        titles = facts["title"] if isinstance(facts, dict) else [fact[0] for fact in facts]
-    return tuple(dict.fromkeys(str(t) for t in titles or ()))
+def _positive_field(record: dict, metadata: dict, *keys: str):
+    """The first non-empty ``keys`` value at the top level of ``record``, else under its
+    ``metadata`` (FlashRAG files keep HotpotQA's ``supporting_facts`` there)."""
+    for source in (record, metadata):
+        for key in keys:
+            if source.get(key):
+                return key, source[key]
+    return None, None
+
+
+def _supporting_titles(record: dict, metadata: dict) -> tuple[str, ...]:
+    key, value = _positive_field(record, metadata, "supporting_titles", "positive_titles", "supporting_facts")
+    if key == "supporting_facts":  # HotpotQA [[title, sentence id], ...] or the hub's {"title": [...], ...}
+        if isinstance(value, dict):
+            value = value.get("title") or []
+        elif isinstance(value, list) and all(isinstance(f, str) or (isinstance(f, (list, tuple)) and f)
+                                             for f in value):
+            value = [fact if isinstance(fact, str) else fact[0] for fact in value]
+        else:
+            raise ValueError('"supporting_facts" must be [[title, sentence], ...] or {"title": [...]}')
+    if isinstance(value, str):
+        value = [value]
+    return tuple(dict.fromkeys(str(t) for t in value or ()))
+
+
+def _positive_ids(record: dict, metadata: dict) -> tuple[str, ...]:
+    _, value = _positive_field(record, metadata, "positive_ids")
+    return tuple(str(p) for p in ([value] if isinstance(value, (str, int)) else value or ()))
 
 
 def example_from_record(record: dict, default_id: str) -> QAExample:
@@ -100,8 +151,8 @@ def example_from_record(record: dict, default_id: str) -> QAExample:
         id=str(record.get("id", record.get("_id", default_id))),
         question=question.strip(),
         golden_answers=_answers(record),
-        positive_ids=tuple(str(p) for p in record.get("positive_ids") or ()),
-        positive_titles=_supporting_titles(record),
+        positive_ids=_positive_ids(record, metadata),
+        positive_titles=_supporting_titles(record, metadata),
         contexts=_contexts(contexts),
         metadata={**extra, **metadata},
     )
@@ -193,11 +244,13 @@ def load_qa(spec: str | os.PathLike, split: str = "test", limit: int | None = No
     """
     path = Path(spec).expanduser()
     if path.is_file():
-        return _load_local(path, limit)
-    looks_local = str(spec).startswith(("/", ".", "~")) or path.suffix.lower() in (".json", ".jsonl")
-    if looks_local:
+        examples = _load_local(path, limit)
+    elif str(spec).startswith(("/", ".", "~")) or path.suffix.lower() in (".json", ".jsonl"):
         raise FileNotFoundError(f"QA file not found: {path}")
-    return _load_hub(str(spec), split, limit)
+    else:
+        examples = _load_hub(str(spec), split, limit)
+    warn_if_proxy_positives(examples, str(spec))
+    return examples
 
 
 def contexts_corpus(examples: Iterable[QAExample], out_path: str | os.PathLike,

@@ -23,6 +23,8 @@ class SearchRecord:
     answer_bearing: list[bool]  # the SEEDS proxy, kept beside labelled positives for analyses
     expanded: list[int] = field(default_factory=list)  # 1-based candidate numbers opened
     doc_tokens: int = 0
+    # candidate number -> the passage text an observation showed (cut where the observation cap cut it)
+    shown: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -57,6 +59,8 @@ class EpisodeState:
     seen_queries: set[str] = field(default_factory=set)
     opened_rows: dict[int, bool] = field(default_factory=dict)  # row -> is positive
     shown_rows: dict[int, bool] = field(default_factory=dict)  # row -> is positive
+    # row -> the passage text as an observation first showed it (cut where the observation cap cut it)
+    passage_text: dict[int, str] = field(default_factory=dict)
     done: bool = False
 
     @property

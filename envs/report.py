@@ -19,6 +19,11 @@ that opened many documents weighs more than one that opened one:
 - ``open_rate_negative`` = Σ negatives opened / Σ negatives shown;
 
 each 0 when its denominator is 0 (opening nothing selects nothing right).
+
+An episode is *answered* (:func:`is_answered`) when it ended with an answer the env accepted:
+its ``answer`` (``prediction`` in an evaluation record) is not None. Every other ending (no
+answer, an empty answer, an LLM or method error, the LLM-call limit, the env's action or search
+limit) is unanswered; an evaluation record's ``finish_reason`` says which.
 """
 from __future__ import annotations
 
@@ -38,6 +43,11 @@ def episode_reward(summary: Mapping) -> float:
     """The episode's total reward: the env's ``{"total": …}`` or an evaluation record's number."""
     reward = summary.get("reward", 0.0)
     return float(reward.get("total", 0.0) if isinstance(reward, Mapping) else reward)
+
+
+def is_answered(summary: Mapping) -> bool:
+    """Whether the episode ended with an accepted answer (module docstring)."""
+    return summary.get("answer", summary.get("prediction")) is not None
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -60,7 +70,7 @@ def summarize_episodes(summaries: Sequence[Mapping]) -> dict[str, float]:
     rewards = [episode_reward(s) for s in summaries]
     out["reward_mean"] = sum(rewards) / n
     out["reward_std"] = math.sqrt(sum((r - out["reward_mean"]) ** 2 for r in rewards) / n)
-    out["answered"] = sum((s.get("answer", s.get("prediction")) is not None) for s in summaries) / n
+    out["answered"] = sum(is_answered(s) for s in summaries) / n
     for key, name in PER_QUESTION.items():
         out[name] = total(key) / n
     positives_shown = total("positives_shown")

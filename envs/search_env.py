@@ -219,14 +219,30 @@ class SearchEnv(gym.Env):
         return self._information(record, ids)
 
     def _information(self, record: SearchRecord, numbers) -> str:
-        """Full text of the given candidates; a passage read earlier in the episode is not repeated."""
-        parts = []
+        """Full text of the given candidates; a passage read earlier in the episode is not repeated.
+
+        ``record.shown`` keeps, per candidate opened here, the passage text the observation showed
+        (cut where the cap cut it; for a passage read earlier, the text it was shown with then), so
+        a method that hands passages to a reader hands what the env counted in ``doc_tokens``."""
+        parts, text_spans, start = [], {}, 0
         for number in numbers:
             hit = record.hits[number - 1]
             fresh = self.episode.open(record, number)
-            parts.append(format_passage(number, hit.title, hit.text) if fresh
-                         else f"[{number}] {hit.title}: already read above.")
-        body, cut = self.counter.truncate("\n\n".join(parts) if parts else "No results.", self._body_budget)
+            part = (format_passage(number, hit.title, hit.text) if fresh
+                    else f"[{number}] {hit.title}: already read above.")
+            if fresh:
+                text_spans[number] = (start + len(part) - len(hit.text), start + len(part))
+            parts.append(part)
+            start += len(part) + 2  # the "\n\n" between passages
+        full = "\n\n".join(parts) if parts else "No results."
+        body, cut = self.counter.truncate(full, self._body_budget)
+        shown_chars = self.counter.kept_chars(full, self._body_budget) if cut else len(full)
+        for number in numbers:
+            row = record.hits[number - 1].row
+            if number in text_spans:
+                begin, end = text_spans[number]
+                self.episode.passage_text[row] = full[begin:min(end, shown_chars)] if begin < shown_chars else ""
+            record.shown[number] = self.episode.passage_text.get(row, "")
         record.doc_tokens += self.counter.count(body)
         return format_information(body + TRUNCATION_MARK if cut else body)
 

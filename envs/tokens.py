@@ -1,6 +1,7 @@
 """Counting and truncating text in policy tokens (or whitespace words without a tokenizer)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -29,3 +30,17 @@ class TokenCounter:
         if len(ids) <= max_tokens:
             return text, False
         return self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=True), True
+
+    def kept_chars(self, text: str, max_tokens: int) -> int:
+        """How many leading characters of ``text`` the first ``max_tokens`` tokens cover (what
+        :meth:`truncate` keeps, located in the original text); ``len(text)`` when nothing is cut."""
+        if self.tokenizer is None:
+            words = list(re.finditer(r"\S+", text))
+            return len(text) if len(words) <= max_tokens else words[max_tokens - 1].end() if max_tokens > 0 else 0
+        if getattr(self.tokenizer, "is_fast", False):
+            offsets = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if len(offsets) <= max_tokens:
+                return len(text)
+            return offsets[max_tokens - 1][1] if max_tokens > 0 else 0
+        kept, cut = self.truncate(text, max_tokens)
+        return len(kept) if cut else len(text)

@@ -17,7 +17,7 @@ import numpy as np
 
 from envs.bootstrap import RESAMPLES, Statistic, mean_of, paired_bootstrap, pooled_ratio
 from envs.report import episode_reward
-from inference.predictions import load_predictions
+from inference.shards import run_records, shard_files
 
 # (metric name as in metrics.json, statistic over per-question outcomes, printed format)
 COMPARED_METRICS: tuple[tuple[str, Statistic, str], ...] = (
@@ -70,10 +70,12 @@ def question_outcomes(records: Sequence[dict]) -> dict[str, np.ndarray]:
 
 
 def load_run_records(run: str | Path) -> list[dict]:
-    path = Path(run) / "predictions.jsonl"
-    if not path.exists():
+    """A run's per-question records: ``predictions.jsonl`` and, for a data-parallel run not merged
+    yet, its shard files (:func:`inference.shards.run_records`)."""
+    folder = Path(run)
+    if not (folder / "predictions.jsonl").exists() and not shard_files(folder):
         raise CompareError(f"{run}: no predictions.jsonl (a paired comparison needs per-question results)")
-    return load_predictions(path, repair=False)
+    return run_records(folder)
 
 
 def compare_records(baseline: Sequence[dict], other: Sequence[dict], resamples: int = RESAMPLES,

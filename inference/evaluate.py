@@ -4,11 +4,14 @@
         --llm hf:/models/qwen --index indexes/wiki18-e5 --out runs/seeds-react-hotpot
     python -m inference.evaluate --method vanilla-rag --limit 20 --out runs/rag   # embedded default
     python -m inference.evaluate --compare runs/rag runs/seeds-react   # paired bootstrap -> runs/rag/compare.json
+    accelerate launch --multi_gpu --num_processes 8 -m inference.evaluate ...   # data-parallel: one engine per GPU
 
 Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
 generated from the Wikipedia-summaries corpus, Gemma 3 270M (hf backend) and the default MiniLM
 index (built on first use). Predictions are appended to ``<out>/predictions.jsonl`` as they
 finish, so a killed run resumes where it stopped; ``metrics.json`` and ``config.json`` sit beside.
+Under a launcher (or with ``--shard i/n``) each process runs its shard of the questions into the
+same folder (:mod:`inference.shards`).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +32,25 @@ from envs.atomic import write_json_atomic
 from envs.config import EnvConfig
 from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
-from envs.typed_config import ConfigError, read_recipe
+from envs.typed_config import ConfigError, merge_values, read_recipe
 from inference.backends import load_backend
-from inference.compare import compare_runs, format_comparison
+from inference.backends.chat import THINKING_MODES, thinking_setting
+from inference.compare import CompareError, compare_runs, format_comparison
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
+from inference.shards import (
+    clear_shards,
+    merge_run,
+    pin_devices,
+    predictions_file,
+    read_plan,
+    resolve_shard,
+    run_records,
+    shard_files,
+    write_plan,
+)
+from methods.base import split_env_limits
+from methods.budgets import PRESETS, budget_options
 from methods.runner import run_questions_sync
 
 DEFAULT_LLM = "hf:gemma3-270m"
@@ -64,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                                           "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
                                           "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
                                           "no_parallel, no_disentanglement (same as --method-option variant=...)")
+    parser.add_argument("--budget", choices=PRESETS, help="generation-budget preset: small (the methods' defaults), "
+                        "paper (the papers' settings), thinking (reasoning models); --method-option values win")
+    parser.add_argument("--thinking", choices=tuple(THINKING_MODES), default="auto",
+                        help="the chat template's enable_thinking switch: on, off, or auto (the template's default)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
     parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
     parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS})")
@@ -75,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus", help="corpus file, when it moved since the index was built")
     parser.add_argument("--retriever", metavar="URL", help="a retrieval server (python -m envs.retrieval.server), e.g. "
                                                            "http://127.0.0.1:8000, instead of --index")
-    parser.add_argument("--env-config", help="YAML env recipe (the method then sets its own mode and limits)")
+    parser.add_argument("--env-config", help="YAML env recipe over the method's paper limits (see --env)")
+    parser.add_argument("--env", action="append", metavar="KEY=VALUE",
+                        help="an env setting over the method's paper limits and --env-config, e.g. "
+                             "candidates_per_search=3, max_obs_tokens=2400, preview.max_tokens=40 (repeatable)")
     parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
     parser.add_argument("--seed", type=int, default=0)
@@ -87,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print these runs' metrics side by side, then each run against the first: paired "
                              "bootstrap 95%% intervals of the differences (also in compare.json in --out, "
                              "default the first run's folder)")
+    parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based) of the questions into --out "
+                                                       "(under torchrun / accelerate launch: from RANK/WORLD_SIZE)")
+    parser.add_argument("--merge", action="store_true", help="merge the shards of --out into predictions.jsonl and "
+                                                             "write metrics.json (the last shard to finish does it)")
     return parser
 
 
@@ -109,13 +138,20 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"{args.config}: unknown option(s) {sorted(unknown)}")
         parser.set_defaults(**{k.replace("-", "_"): v for k, v in recipe.items()})
         args = parser.parse_args(argv)
-    if not args.compare and (not args.method or not args.out):
-        parser.error("--method and --out are required (or --compare RUN [RUN ...])")
+    if isinstance(args.thinking, bool) or args.thinking is None:  # YAML reads `thinking: off` as False
+        args.thinking = {True: "on", False: "off", None: "auto"}[args.thinking]
+    if args.thinking not in THINKING_MODES:
+        parser.error(f"--thinking must be one of {tuple(THINKING_MODES)}, not {args.thinking!r}")
+    if args.merge and not args.out:
+        parser.error("--merge needs --out")
+    if not args.compare and not args.merge and (not args.method or not args.out):
+        parser.error("--method and --out are required (or --compare RUN [RUN ...], or --merge --out RUN)")
     return args
 
 
 def run_config(args: argparse.Namespace, method, env_config) -> dict:
-    """What defines the run; a resumed run must match it."""
+    """What defines the run; a resumed run must match it (budget and thinking only when set, so
+    runs from before those flags still resume)."""
     return {
         "method": args.method,
         "method_options": method.options(),
@@ -128,6 +164,8 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
         "env": dataclasses.asdict(env_config),
         "seed": args.seed,
         "max_llm_calls": args.max_llm_calls,
+        **({"budget": args.budget} if args.budget else {}),
+        **({"thinking": args.thinking} if args.thinking != "auto" else {}),
     }
 
 
@@ -153,6 +191,7 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
     if overwrite:
         for name in ("predictions.jsonl", "metrics.json", "config.json"):
             (out / name).unlink(missing_ok=True)
+        clear_shards(out)
     elif config_path.exists():
         previous, current = json.loads(config_path.read_text()), json.loads(json.dumps(config))
         if previous != current:
@@ -164,50 +203,138 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
 
 
 def build_method(args: argparse.Namespace):
-    """The method with its ``--method-option`` values and ``--variant``; bad options exit with the reason."""
-    options = parse_options(args.method_option, "--method-option")
+    """The method with its ``--budget`` preset, ``--method-option`` values (which win over the preset)
+    and ``--variant``; bad options exit with the reason. Options that are env limits now (``k=3``)
+    are read as ``--env`` settings, with a deprecation note."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        options, _ = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
+    for warning in caught:
+        print(f"note: {warning.message}", file=sys.stderr)
     if args.variant:
         if options.get("variant", args.variant) != args.variant:
             raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
         options["variant"] = args.variant
     try:
-        return methods.get(args.method, **options)
+        return methods.get(args.method, **budget_options(args.budget, args.method, options))
     except (KeyError, TypeError, ValueError) as err:
         raise SystemExit(f"--method {args.method}: {err}") from err
 
 
-def evaluate(args: argparse.Namespace) -> dict:
-    method = build_method(args)
-    base_env = EnvConfig.from_yaml(args.env_config) if args.env_config else EnvConfig()
-    config = run_config(args, method, method.env_config(base_env))
-    out = Path(args.out)
-    done = prepare_run_dir(out, config, args.overwrite)
-    examples = load_examples(args)
-    wanted = {e.id for e in examples}
-    done = [r for r in done if r["id"] in wanted]
-    todo = [e for e in examples if e.id not in {r["id"] for r in done}]
-    print(f"{args.method}: {len(examples)} questions, {len(done)} already done, {len(todo)} to run -> {out}",
-          file=sys.stderr)
-    if todo:
-        llm = load_backend(args.llm or DEFAULT_LLM, **config["llm_options"])
-        retriever = load_retriever(args)
-        bar = tqdm(total=len(todo), desc=args.method, unit="q")
-        with PredictionWriter(out / "predictions.jsonl", {r["id"] for r in done}) as writer:
-            def on_result(record: dict) -> None:
-                writer.write(record)
-                bar.update(1)
+def build_env(args: argparse.Namespace, method) -> EnvConfig:
+    """The run's env: the method's paper limits, then ``--env-config``, then old limit options
+    (``--method-option k=3``), then ``--env``; the method's protocol settings last
+    (:meth:`methods.base.Method.env_config`). A contradiction or a bad key exits with the reason."""
+    try:
+        recipe = read_recipe(Path(args.env_config)) if args.env_config else {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # build_method already warned
+            _, old_limits = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
+        overrides = merge_values(merge_values(recipe, old_limits), nest_dotted(parse_options(args.env, "--env")))
+        return method.env_config(overrides)
+    except (ConfigError, FileNotFoundError, ValueError, TypeError) as err:
+        raise SystemExit(f"env: {err}") from err
 
-            run_questions_sync(method, todo, llm, retriever, base_env, concurrency=args.concurrency,
-                               seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result)
-        bar.close()
-        llm.close()
-    records = [r for r in load_predictions(out / "predictions.jsonl") if r["id"] in wanted]
+
+def backend_options(args: argparse.Namespace, llm_options: dict) -> dict:
+    """``--llm-option`` values plus ``--thinking`` (set in one place only)."""
+    if args.thinking == "auto":
+        return dict(llm_options)
+    if "thinking" in llm_options and thinking_setting(llm_options["thinking"]) != THINKING_MODES[args.thinking]:
+        raise SystemExit(f"--thinking {args.thinking} contradicts --llm-option thinking={llm_options['thinking']}")
+    return {**llm_options, "thinking": args.thinking}
+
+
+def nest_dotted(options: dict[str, Any]) -> dict[str, Any]:
+    """``{"preview.max_tokens": 40}`` -> ``{"preview": {"max_tokens": 40}}``."""
+    nested: dict[str, Any] = {}
+    for key, value in options.items():
+        *sections, name = key.split(".")
+        target = nested
+        for section in sections:
+            target = target.setdefault(section, {})
+        target[name] = value
+    return nested
+
+
+def evaluate(args: argparse.Namespace) -> dict | None:
+    """Run (or resume) this process's shard of the questions; the process that completes the run
+    merges the shards and returns the metrics (None from the others)."""
+    try:
+        shard = resolve_shard(args.shard)
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    if shard.sharded and args.overwrite:
+        raise SystemExit(f"--overwrite with {shard.world} processes would race between them: clear the run once "
+                         f"(rm -r {args.out}) or use another --out")
+    pin_devices(shard)  # before any engine touches CUDA
+    method = build_method(args)
+    base_env = build_env(args, method)
+    config = run_config(args, method, base_env)
+    out = Path(args.out)
+    prepare_run_dir(out, config, args.overwrite)
+    examples = load_examples(args)
+    ids = [e.id for e in examples]
+    own = predictions_file(out, shard)
+    done = {r["id"] for r in run_records(out, own)}
+    mine = shard.take(examples)
+    todo = [e for e in mine if e.id not in done]
+    where = f" [shard {shard}]" if shard.sharded else ""
+    print(f"{args.method}{where}: {len(mine)} questions, {len(mine) - len(todo)} already done, {len(todo)} to run "
+          f"-> {out}", file=sys.stderr)
+    write_plan(out, ids)
+    if todo:
+        run_shard(args, config, method, base_env, todo, own, position=shard.local_rank if shard.sharded else None)
+    records, missing = merge_run(out, ids)
+    if missing:
+        print(f"{args.method}{where}: done; {len(missing)} questions are still running in other shards (the last "
+              f"process to finish merges; or run --merge --out {out})", file=sys.stderr)
+        return None
+    return finish_run(args, config, records)
+
+
+def run_shard(args: argparse.Namespace, config: dict, method, base_env, todo: list, path: Path,
+              position: int | None = None) -> None:
+    """Run ``todo`` and append their predictions to ``path`` as they finish."""
+    try:
+        llm = load_backend(args.llm or DEFAULT_LLM, **backend_options(args, config["llm_options"]))
+    except ValueError as err:  # a bad spec or setting (e.g. --thinking for a template without the switch)
+        raise SystemExit(f"--llm {args.llm or DEFAULT_LLM}: {err}") from err
+    retriever = load_retriever(args)
+    bar = tqdm(total=len(todo), desc=args.method, unit="q", position=position)
+    with PredictionWriter(path, {r["id"] for r in load_predictions(path)}) as writer:
+        def on_result(record: dict) -> None:
+            writer.write(record)
+            bar.update(1)
+
+        run_questions_sync(method, todo, llm, retriever, base_env, concurrency=args.concurrency,
+                           seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result)
+    bar.close()
+    llm.close()
+
+
+def finish_run(args: argparse.Namespace, config: dict, records: list[dict]) -> dict:
+    """``metrics.json`` of the run's records (in question order), the printed table, W&B."""
     metrics = summarize(records)
-    write_json_atomic(metrics, out / "metrics.json")
-    print(format_table({args.method: metrics}))
+    write_json_atomic(metrics, Path(args.out) / "metrics.json")
+    print(format_table({config["method"]: metrics}))
     if args.wandb:
         log_to_wandb(args, config, metrics, records)
     return metrics
+
+
+def merge(args: argparse.Namespace) -> dict:
+    """``--merge``: the run's shards into ``predictions.jsonl`` and its ``metrics.json``."""
+    out = Path(args.out)
+    try:
+        ids = read_plan(out)
+    except FileNotFoundError as err:
+        raise SystemExit(str(err)) from err
+    records, missing = merge_run(out, ids)
+    if missing:
+        raise SystemExit(f"{out}: {len(missing)} of {len(ids)} questions have no prediction yet (e.g. {missing[:3]}); "
+                         "run the launch again (it resumes) before merging")
+    return finish_run(args, json.loads((out / "config.json").read_text()), records)
 
 
 def log_to_wandb(args: argparse.Namespace, config: dict, metrics: dict, records: list[dict]) -> None:
@@ -236,8 +363,8 @@ def compare(runs: list[str]) -> str:
         path = Path(run) / "metrics.json"
         if path.exists():
             rows[Path(run).name] = with_current_names(json.loads(path.read_text()))
-        elif (Path(run) / "predictions.jsonl").exists():  # an unfinished run: summarise what is there
-            rows[Path(run).name] = summarize(load_predictions(Path(run) / "predictions.jsonl", repair=False))
+        elif (Path(run) / "predictions.jsonl").exists() or shard_files(Path(run)):  # unfinished: what is there
+            rows[Path(run).name] = summarize(run_records(Path(run)))
         else:
             raise SystemExit(f"{run}: no metrics.json or predictions.jsonl")
     return format_table(rows)
@@ -246,10 +373,10 @@ def compare(runs: list[str]) -> str:
 def compare_paired(runs: list[str], out: str | None) -> str:
     """The paired bootstrap of every run against the first, written to ``compare.json`` in ``out``
     (default: the first run's folder)."""
-    missing = [run for run in runs if not (Path(run) / "predictions.jsonl").exists()]
-    if missing:
-        return f"no paired comparison: {', '.join(missing)} has no predictions.jsonl"
-    comparison = compare_runs(runs)
+    try:
+        comparison = compare_runs(runs)
+    except CompareError as err:
+        return f"no paired comparison: {err}"
     target = Path(out or runs[0]) / "compare.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(comparison, target)
@@ -262,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         print(compare(args.compare))
         if len(args.compare) > 1:
             print("\n" + compare_paired(args.compare, args.out))
+        return 0
+    if args.merge:
+        merge(args)
         return 0
     evaluate(args)
     return 0

@@ -1,16 +1,17 @@
 """Metrics of an evaluation run, computed from its ``predictions.jsonl`` records.
 
 Every question counts in every denominator (unanswered and failed questions score 0), so
-methods are compared on the same questions.
+methods are compared on the same questions. Beside these strict figures, ``answered_only``
+holds the paper-style ones over answered questions (:func:`answered_only`).
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 
-from envs.report import summarize_episodes
+from envs.report import is_answered, summarize_episodes
 
-# (key in metrics.json, column title, format) for the printed summary and --compare
+# (key in metrics.json, a.b for a nested one; column title; format) for the printed summary and --compare
 SUMMARY_COLUMNS = (
     ("em", "EM", "{:.3f}"),
     ("f1", "F1", "{:.3f}"),
@@ -21,6 +22,9 @@ SUMMARY_COLUMNS = (
     ("doc_tokens_per_question", "DocTok/q", "{:.0f}"),
     ("answer_bearing_hit_rate", "AB-hit", "{:.3f}"),
     ("beyond_prefix_fraction", "Beyond-prefix", "{:.3f}"),
+    ("prefix_departure_rate", "Prefix-dep", "{:.3f}"),
+    ("distractor_admission_rate", "Distr-adm", "{:.3f}"),
+    ("answered_only.em", "EM-answered", "{:.3f}"),
     ("llm_tokens_in_per_question", "LLM-in/q", "{:.0f}"),
     ("llm_tokens_out_per_question", "LLM-out/q", "{:.0f}"),
     ("mean_latency_s", "Latency-s", "{:.2f}"),
@@ -32,29 +36,81 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def admission_stats(records: list[dict]) -> dict[str, float]:
-    """SEEDS admission analyses over all search rounds of all questions.
+def _admitted_ranks(search: dict) -> list[int]:
+    """Retrieval ranks of the candidates admitted (opened) in one search round, without repeats.
 
-    - answer-bearing hit rate: over rounds whose candidate pool held an answer-bearing passage,
-      the fraction where at least one admitted (opened) passage was answer-bearing;
-    - beyond-prefix fraction: of all admitted passages, the share whose rank exceeds the number
-      admitted in that round (SEEDS Table 3: the part a prefix of the same size would miss).
+    The ``ranks`` field gives each shown candidate's rank (the shown order may be shuffled; an
+    injected distractor takes the rank of the passage it replaced); records without it fall back
+    to the candidate numbers."""
+    opened = list(dict.fromkeys(search.get("expanded", [])))
+    ranks = search.get("ranks")
+    if isinstance(ranks, list) and all(1 <= i <= len(ranks) for i in opened):
+        return [int(ranks[i - 1]) for i in opened]
+    return opened
+
+
+def departs_from_prefix(ranks: list[int]) -> bool:
+    """Whether an admitted set (its retrieval ranks) differs from the top-|S| rank prefix, i.e.
+    holds a rank above |S| (SEEDS §4.3 / §C.1); an empty set is the empty prefix."""
+    return any(rank > len(ranks) for rank in ranks)
+
+
+def admission_stats(records: list[dict]) -> dict[str, float]:
+    """SEEDS admission analyses, pooled over all search rounds (one round = one search: its
+    candidates and the subset admitted from them) of all questions.
+
+    - ``answer_bearing_hit_rate``: over rounds whose candidate pool held an answer-bearing passage,
+      the fraction where at least one admitted (opened) passage was answer-bearing (§C.1, Fig. 4a);
+    - ``beyond_prefix_fraction``: of all admitted passages, the share whose retrieval rank exceeds
+      the number admitted in that round (Table 3: the part a prefix of the same size would miss);
+    - ``prefix_departure_rate``: of the rounds that admitted at least one passage
+      (``admitting_rounds``), the share whose admitted set is not the rank prefix of its size
+      (§4.3: "prefix departures in roughly 80% of rounds");
+    - ``distractor_admission_rate`` (only when distractors were injected, ``distractor_rate`` > 0):
+      admitted injected distractors / injected distractors shown (§4.4: "fewer than 8%"), with
+      ``distractors_shown`` and ``distractors_admitted``.
     """
-    pool_rounds = hit_rounds = admitted = beyond = 0
+    pool_rounds = hit_rounds = admitted = beyond = admitting = departing = shown_fake = admitted_fake = 0
     for record in records:
         for search in record.get("searches", []):
             bearing = search.get("answer_bearing", [])
-            opened = search.get("expanded", [])
+            opened = list(dict.fromkeys(search.get("expanded", [])))
             if any(bearing):
                 pool_rounds += 1
                 hit_rounds += any(bearing[i - 1] for i in opened)
-            admitted += len(opened)
-            beyond += sum(1 for i in opened if i > len(opened))
-    return {
+            ranks = _admitted_ranks(search)
+            admitted += len(ranks)
+            beyond += sum(1 for rank in ranks if rank > len(ranks))
+            admitting += bool(ranks)
+            departing += departs_from_prefix(ranks)
+            fake = search.get("distractor") or []
+            shown_fake += sum(map(bool, fake))
+            admitted_fake += sum(1 for i in opened if 1 <= i <= len(fake) and fake[i - 1])
+    out = {
         "answer_bearing_hit_rate": hit_rounds / pool_rounds if pool_rounds else math.nan,
         "answer_bearing_rounds": pool_rounds,
         "beyond_prefix_fraction": beyond / admitted if admitted else math.nan,
+        "prefix_departure_rate": departing / admitting if admitting else math.nan,
+        "admitting_rounds": admitting,
     }
+    if shown_fake:
+        out.update(distractor_admission_rate=admitted_fake / shown_fake, distractors_shown=shown_fake,
+                   distractors_admitted=admitted_fake)
+    return out
+
+
+def answered_only(records: list[dict]) -> dict:
+    """The paper-style figures: :func:`envs.report.summarize_episodes` over the answered questions
+    only (:func:`envs.report.is_answered`), as KAIR reports (its failed questions leave the
+    denominator), with ``excluded`` (the count left out) and their ``excluded_reasons``."""
+    kept = [r for r in records if is_answered(r)]
+    out: dict = {"questions": len(kept), "excluded": len(records) - len(kept)}
+    out["excluded_reasons"] = dict(Counter(r.get("finish_reason", "no_answer") for r in records
+                                           if not is_answered(r)).most_common())
+    if kept:
+        summary = summarize_episodes(kept)
+        out.update({k: v for k, v in summary.items() if k not in ("episodes", "answered")})
+    return out
 
 
 def summarize(records: list[dict]) -> dict:
@@ -71,6 +127,7 @@ def summarize(records: list[dict]) -> dict:
     out["llm_tokens_out_per_question"] = _mean([r["llm_completion_tokens"] for r in records])
     out["mean_latency_s"] = _mean([r["latency_s"] for r in records])
     out.update(admission_stats(records))
+    out["answered_only"] = answered_only(records)
     out["finish_reasons"] = dict(Counter(r["finish_reason"] for r in records).most_common())
     return out
 
@@ -95,10 +152,18 @@ def _cell(value, fmt: str) -> str:
         return str(value)
 
 
+def _lookup(metrics: dict, key: str):
+    """``metrics[key]``, where ``a.b`` reads ``metrics["a"]["b"]``; None when absent."""
+    value = metrics
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def format_table(rows: dict[str, dict]) -> str:
     """Runs as rows, SUMMARY_COLUMNS as columns, aligned for a terminal."""
     header = ["run"] + [title for _, title, _ in SUMMARY_COLUMNS]
-    lines = [header] + [[name] + [_cell(m.get(key), fmt) for key, _, fmt in SUMMARY_COLUMNS]
+    lines = [header] + [[name] + [_cell(_lookup(m, key), fmt) for key, _, fmt in SUMMARY_COLUMNS]
                         for name, m in rows.items()]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     rendered = ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths)))

@@ -65,12 +65,14 @@ async def run_agent_turns(
     translate: Callable[[str], str] | None = None,
     on_observation: ObservationHook | None = None,
     force_answer: bool = True,
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS,
 ) -> None:
     """Run turns until the episode ends.
 
     ``translate`` rewrites the model's text into an env action (e.g. dyn-k's ``<read>n</read>``);
     ``on_observation(outcome, model_text)`` may replace what is appended after an action
     (e.g. Search-o1's condensed ``<result>``); returning None appends the env observation.
+    ``max_tokens`` caps each turn, ``forced_answer_tokens`` the forced answer.
     """
     stops = CLOSING_TAGS + tuple(extra_stops)
     limit = ctx.env.config.max_actions
@@ -83,7 +85,7 @@ async def run_agent_turns(
                 if outcome.done:
                     return
                 transcript.add_observation(outcome.observation)
-            await forced_answer(ctx, transcript)
+            await forced_answer(ctx, transcript, forced_answer_tokens)
             return
         result = await ctx.generate(transcript.prompt(), stop=stops, max_tokens=max_tokens, tag="turn")
         completion = result.completions[0]

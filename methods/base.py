@@ -5,22 +5,32 @@ LLM (``await ctx.generate(...)``) and the environment (``await ctx.search(q)``,
 ``await ctx.expand(ids)``, ``await ctx.answer(text)``). The runner (:mod:`methods.runner`)
 runs many questions at once, so their LLM calls and retrievals are batched across questions.
 
-Each method also says which environment it needs (:meth:`Method.env_config`): admission mode,
-candidates per search and limits. Every method answers through the env, so all of them are
-scored by the same metrics and counted by the same evidence accounting.
+The env's limits (candidates per search, passages opened, searches, actions, observation cap) live
+in the :class:`~envs.config.EnvConfig` and nowhere else: a method reads them from ``ctx.env.config``.
+Each method declares two things about its env: ``paper_env``, the limits its paper ran with (the
+defaults a run's env recipe or ``--env key=value`` overrides), and :meth:`Method.fixed_env`, what
+its protocol cannot run without (admission mode; for methods that count their own iterations, the
+searches those allow). Every method answers through the env, so all of them are scored by the same
+metrics and counted by the same evidence accounting.
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from envs.config import EnvConfig
+from envs.typed_config import merge_values
 
 if TYPE_CHECKING:
     from methods.context import QuestionContext
 
 REGISTRY: dict[str, type[Method]] = {}
+# Method options of earlier releases that are env limits now: old option -> EnvConfig field.
+ENV_LIMIT_OPTIONS = {"k": "candidates_per_search", "max_expand": "max_expand", "max_searches": "max_searches",
+                     "max_actions": "max_actions", "expand_form": "expand_form", "judge_question": "judge_question"}
 
 
 def register(name: str):
@@ -40,10 +50,31 @@ class Method(ABC):
     """Base class; subclasses are dataclasses whose fields are the method's options."""
 
     name: ClassVar[str] = "method"
+    # The env limits of the method's paper (EnvConfig fields): defaults that a run's env overrides.
+    paper_env: ClassVar[Mapping[str, Any]] = {}
+    # A leading <think> block is taken out of every completion before the method parses it
+    # (methods.thinking); trained token-in/token-out protocols turn this off to match training.
+    handles_thinking: ClassVar[bool] = True
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        """The env this method runs in, derived from the run's base config (default: unchanged)."""
-        return base
+    def fixed_env(self) -> dict[str, Any]:
+        """EnvConfig fields the method's protocol fixes (admission mode, limits its own options imply)."""
+        return {}
+
+    def env_config(self, overrides: Mapping[str, Any] | None = None) -> EnvConfig:
+        """The env of a run: EnvConfig defaults, then ``paper_env``, then the run's ``overrides``
+        (an env recipe's keys, ``--env`` options; nested ``preview``/``reward`` sections merge key by
+        key), then :meth:`fixed_env`. An override that contradicts the fixed settings is an error."""
+        overrides = dict(overrides or {})
+        fixed = self.fixed_env()
+        clashes = {key: overrides[key] for key, value in fixed.items() if key in overrides and overrides[key] != value}
+        if clashes:
+            raise ValueError(f"method {self.name!r} runs with {', '.join(f'{k}={fixed[k]!r}' for k in clashes)}; "
+                             f"the env sets {', '.join(f'{k}={v!r}' for k, v in clashes.items())}")
+        return EnvConfig.from_dict({**merge_values(dict(self.paper_env), overrides), **fixed})
+
+    def fit_env(self, env: EnvConfig) -> EnvConfig:
+        """A whole env chosen by the caller (its limits are kept) with the method's fixed settings."""
+        return dataclasses.replace(env, **self.fixed_env())
 
     @abstractmethod
     async def run(self, ctx: QuestionContext) -> None:
@@ -52,6 +83,20 @@ class Method(ABC):
     def options(self) -> dict[str, Any]:
         """The method's settings, as saved with a run's resolved configuration."""
         return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+
+
+# Observation tokens per candidate in the papers' settings: SEEDS-R1 caps an observation at 1,200
+# tokens for K=5 passages (appendix E); the prompted K=10 methods get the same room per passage.
+OBS_TOKENS_PER_CANDIDATE = 240
+
+
+def paper_limits(k: int, max_searches: int | None = None, max_actions: int | None = None,
+                 max_expand: int | None = None) -> dict[str, Any]:
+    """A ``paper_env``: K candidates per search, an observation cap that fits all K passages, and the
+    given limits (None: the EnvConfig default)."""
+    limits = {"candidates_per_search": k, "max_obs_tokens": OBS_TOKENS_PER_CANDIDATE * k,
+              "max_searches": max_searches, "max_actions": max_actions, "max_expand": max_expand}
+    return {key: value for key, value in limits.items() if value is not None}
 
 
 def require_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
@@ -68,9 +113,30 @@ def get(name: str, **options: Any) -> Method:
     if dataclasses.is_dataclass(cls):
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(options) - known
+        limits = sorted(unknown & ENV_LIMIT_OPTIONS.keys())
+        if limits:
+            raise TypeError(f"{limits} are env limits, not options of method {name!r}: set them in the env "
+                            f"({', '.join(ENV_LIMIT_OPTIONS[o] for o in limits)}; e.g. --env candidates_per_search=3)")
         if unknown:
             raise TypeError(f"method {name!r} has no option(s) {sorted(unknown)}; it takes {sorted(known)}")
     return cls(**options)
+
+
+def split_env_limits(name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(method options, env overrides): options of earlier releases that are env limits now
+    (``k=3`` -> ``candidates_per_search=3``) move to the env, with a DeprecationWarning."""
+    cls = REGISTRY.get(name)
+    own = {f.name for f in dataclasses.fields(cls)} if cls is not None and dataclasses.is_dataclass(cls) else set()
+    method_options, env = {}, {}
+    for key, value in options.items():
+        if key in ENV_LIMIT_OPTIONS and key not in own:
+            warnings.warn(f"method option {key}={value!r} is the env's {ENV_LIMIT_OPTIONS[key]} now "
+                          f"(--env {ENV_LIMIT_OPTIONS[key]}={value}); the old option goes in the next release",
+                          DeprecationWarning, stacklevel=2)
+            env[ENV_LIMIT_OPTIONS[key]] = value
+        else:
+            method_options[key] = value
+    return method_options, env
 
 
 def available() -> list[str]:

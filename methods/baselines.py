@@ -2,13 +2,12 @@
 Search-R1 protocol, IRCoT and Iter-RetGen. Every one of them retrieves through the env."""
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from envs.config import EnvConfig
-from methods.agent_loop import run_agent_turns
-from methods.base import Method, register
+from methods.agent_loop import FORCED_ANSWER_MAX_TOKENS, run_agent_turns
+from methods.base import Method, paper_limits, register
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import clean_answer, extract_answer, first_int, last_tag
 from methods.prompts import demos, direct, format_docs, iterative, r1, react
@@ -16,6 +15,7 @@ from methods.prompts import o1 as o1_prompts
 from methods.transcript import ChatTranscript, TokenTranscript
 
 ANSWER_TOKENS = 32
+PREFIX_PROTOCOL = {"admission": "prefix"}  # every search shows its K passages at once
 
 
 async def answer_from(ctx: QuestionContext, prompt: str, tag: str = "answer", max_tokens: int = ANSWER_TOKENS) -> None:
@@ -36,8 +36,10 @@ async def answer_from(ctx: QuestionContext, prompt: str, tag: str = "answer", ma
 class VanillaLLM(Method):
     """Closed-book: the question alone."""
 
+    answer_tokens: int = ANSWER_TOKENS
+
     async def run(self, ctx: QuestionContext) -> None:
-        await answer_from(ctx, direct.CLOSED_BOOK.format(question=ctx.question))
+        await answer_from(ctx, direct.CLOSED_BOOK.format(question=ctx.question), max_tokens=self.answer_tokens)
 
 
 @register("vanilla-rag")
@@ -45,15 +47,17 @@ class VanillaLLM(Method):
 class VanillaRAG(Method):
     """Retrieve the top-k passages for the question once, then answer from them."""
 
-    k: int = 5
+    paper_env: ClassVar[dict] = paper_limits(k=5)
+    answer_tokens: int = ANSWER_TOKENS
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k)
+    def fixed_env(self) -> dict:
+        return dict(PREFIX_PROTOCOL)
 
     async def run(self, ctx: QuestionContext) -> None:
         outcome = await ctx.search(ctx.question)
-        docs = format_docs(outcome.hits) if outcome.valid else "(no passages)"
-        await answer_from(ctx, direct.WITH_PASSAGES.format(docs=docs, question=ctx.question))
+        docs = format_docs(outcome.shown) if outcome.valid else "(no passages)"
+        await answer_from(ctx, direct.WITH_PASSAGES.format(docs=docs, question=ctx.question),
+                          max_tokens=self.answer_tokens)
 
 
 @register("react")
@@ -61,20 +65,20 @@ class VanillaRAG(Method):
 class ReActFixedK(Method):
     """ReAct reading the top-k prefix after every search (k in {1, 3, 5, 10} in the papers)."""
 
-    k: int = 5
-    max_searches: int = 4
-    max_actions: int = 10
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_searches=4, max_actions=10)
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
-                                   max_searches=self.max_searches, max_actions=self.max_actions)
+    def fixed_env(self) -> dict:
+        return dict(PREFIX_PROTOCOL)
 
     async def run(self, ctx: QuestionContext) -> None:
-        prompt = react.FIXED_K.format(k=self.k, max_searches=self.max_searches, question=ctx.question)
+        env = ctx.env.config
+        prompt = react.FIXED_K.format(k=env.candidates_per_search, max_searches=env.max_searches, question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREFIX) if self.example else prompt
-        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
+        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("react-dynk")
@@ -82,16 +86,14 @@ class ReActFixedK(Method):
 class ReActDynamicK(Method):
     """ReAct where the model picks how many top-ranked results to read (a prefix), unseen."""
 
-    k: int = 10
-    max_searches: int = 4
-    max_actions: int = 10
+    paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=10)
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
+    def fixed_env(self) -> dict:
         # Preview mode gives "retrieve now, open later"; the model never sees the previews.
-        return dataclasses.replace(base, admission="preview", candidates_per_search=self.k, max_expand=self.k,
-                                   max_searches=self.max_searches, max_actions=self.max_actions)
+        return {"admission": "preview"}
 
     @staticmethod
     def translate(text: str) -> str:
@@ -105,7 +107,9 @@ class ReActDynamicK(Method):
         return "<expand>" + (", ".join(str(i) for i in range(1, m + 1)) if m else "none") + "</expand>"
 
     async def run(self, ctx: QuestionContext) -> None:
-        prompt = react.DYNAMIC_K.format(k=self.k, max_searches=self.max_searches, question=ctx.question)
+        env = ctx.env.config
+        prompt = react.DYNAMIC_K.format(k=env.candidates_per_search, max_searches=env.max_searches,
+                                        question=ctx.question)
         prompt = demos.with_example(prompt, demos.DYNAMIC_K) if self.example else prompt
 
         async def hide_previews(outcome: StepOutcome, _: str) -> str | None:
@@ -114,7 +118,8 @@ class ReActDynamicK(Method):
             return None
 
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens, extra_stops=("</read>",),
-                              translate=self.translate, on_observation=hide_previews)
+                              translate=self.translate, on_observation=hide_previews,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 async def reason_in_documents(ctx: QuestionContext, reasoning: str, query: str, hits, max_tokens: int) -> str:
@@ -134,29 +139,28 @@ async def reason_in_documents(ctx: QuestionContext, reasoning: str, query: str, 
 class SearchO1(Method):
     """Search-o1: reasoning with search tags; a reader condenses the top-k documents of each search."""
 
-    k: int = 10
-    max_searches: int = 5
-    max_actions: int = 12
+    paper_env: ClassVar[dict] = paper_limits(k=10, max_searches=5, max_actions=12)
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
-                                   max_searches=self.max_searches, max_actions=self.max_actions,
-                                   duplicate_query="allow")
+    def fixed_env(self) -> dict:
+        return {**PREFIX_PROTOCOL, "duplicate_query": "allow"}
 
     async def run(self, ctx: QuestionContext) -> None:
-        prompt = o1_prompts.REASONER.format(max_searches=self.max_searches, question=ctx.question)
+        prompt = o1_prompts.REASONER.format(max_searches=ctx.env.config.max_searches, question=ctx.question)
         transcript = ChatTranscript(demos.with_example(prompt, demos.REASONING) if self.example else prompt)
 
         async def condense(outcome: StepOutcome, model_text: str) -> str | None:
-            if not outcome.valid or not outcome.observation.startswith("<information>"):
+            if not outcome.valid or not outcome.observation.startswith("<information>") or not outcome.shown:
                 return None
             query = last_tag(model_text, "search") or ctx.question
-            return await reason_in_documents(ctx, transcript.text, query, outcome.hits, self.reader_max_tokens)
+            # The reader gets the passages as the env showed them (what doc_tokens counted).
+            return await reason_in_documents(ctx, transcript.text, query, outcome.shown, self.reader_max_tokens)
 
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=condense)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=condense,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("search-r1")
@@ -164,14 +168,13 @@ class SearchO1(Method):
 class SearchR1(Method):
     """The Search-R1 protocol for trained checkpoints: raw-text prompt, top-k prefix reading."""
 
-    k: int = 3
-    max_searches: int = 4
-    max_actions: int = 10
+    handles_thinking: ClassVar[bool] = False  # its <think> turns are part of the trained format
+
+    paper_env: ClassVar[dict] = paper_limits(k=3, max_searches=4, max_actions=10)
     max_tokens: int = 512
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
-                                   max_searches=self.max_searches, max_actions=self.max_actions)
+    def fixed_env(self) -> dict:
+        return dict(PREFIX_PROTOCOL)
 
     async def run(self, ctx: QuestionContext) -> None:
         transcript = TokenTranscript(r1.SEARCH_R1.format(question=ctx.question), ctx.tokenizer)
@@ -186,18 +189,19 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 class IRCoT(Method):
     """IRCoT: interleave one reasoning sentence with one retrieval using that sentence."""
 
-    k: int = 5
+    paper_env: ClassVar[dict] = paper_limits(k=5)
     max_iterations: int = 5
     max_tokens: int = 64
+    answer_tokens: int = ANSWER_TOKENS  # the back-off answer
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k,
-                                   max_searches=self.max_iterations + 1, max_actions=self.max_iterations + 3,
-                                   duplicate_query="allow")
+    def fixed_env(self) -> dict:
+        """One search for the question and one per iteration, then the answer (and a spare action)."""
+        return {**PREFIX_PROTOCOL, "max_searches": self.max_iterations + 1, "max_actions": self.max_iterations + 3,
+                "duplicate_query": "allow"}
 
     async def run(self, ctx: QuestionContext) -> None:
         outcome = await ctx.search(ctx.question)
-        docs = {h.row: h for h in outcome.hits}
+        docs = {h.row: h for h in outcome.shown}
         thoughts: list[str] = []
         for _ in range(self.max_iterations):
             prompt = iterative.IRCOT.format(docs=format_docs(list(docs.values())), question=ctx.question,
@@ -217,12 +221,12 @@ class IRCoT(Method):
                 await ctx.answer(answer)
                 return
             outcome = await ctx.search(sentence)
-            for hit in outcome.hits:
+            for hit in outcome.shown:
                 docs.setdefault(hit.row, hit)
         ctx.note("no_final_sentence", thoughts=len(thoughts))
         backoff = direct.BACKOFF.format(work=format_docs(list(docs.values())) + "\n\n" + " ".join(thoughts),
                                         question=ctx.question)
-        await answer_from(ctx, backoff, tag="backoff")
+        await answer_from(ctx, backoff, tag="backoff", max_tokens=self.answer_tokens)
 
 
 @register("iter-retgen")
@@ -230,20 +234,21 @@ class IRCoT(Method):
 class IterRetGen(Method):
     """Iter-RetGen: retrieve with the question plus the previous generation, regenerate, repeat."""
 
-    k: int = 5
+    paper_env: ClassVar[dict] = paper_limits(k=5)
     iterations: int = 3
     max_tokens: int = 128
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return dataclasses.replace(base, admission="prefix", candidates_per_search=self.k, max_searches=self.iterations,
-                                   max_actions=self.iterations + 1, duplicate_query="allow")
+    def fixed_env(self) -> dict:
+        """One search per iteration, then the answer."""
+        return {**PREFIX_PROTOCOL, "max_searches": self.iterations, "max_actions": self.iterations + 1,
+                "duplicate_query": "allow"}
 
     async def run(self, ctx: QuestionContext) -> None:
         generation = ""
         for _ in range(self.iterations):
             query = f"{ctx.question} {generation}".strip()
             outcome = await ctx.search(query)
-            prompt = iterative.ITER_RETGEN.format(docs=format_docs(outcome.hits), question=ctx.question)
+            prompt = iterative.ITER_RETGEN.format(docs=format_docs(outcome.shown), question=ctx.question)
             result = await ctx.generate([{"role": "user", "content": prompt}], max_tokens=self.max_tokens,
                                         tag="generate")
             if result.completions[0].finish_reason == "error":

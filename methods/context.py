@@ -6,21 +6,34 @@ validity). The runner turns the trace and the env's episode summary into one pre
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.episode import SearchRecord
 from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
 from methods.env_batcher import EnvStepBatcher
 from methods.llm import (
+    Completion,
     GenerationRequest,
     GenerationResult,
     LLMBackend,
     Prompt,
 )
+from methods.thinking import (
+    THINK_CLOSE,
+    continuation_prompt,
+    merged,
+    needs_continuation,
+    prompt_opens_thinking,
+    split_thinking,
+)
+
+MAX_CONTINUATIONS = 8  # continued generations of one call whose stop strings fired inside its thinking
 
 
 class EpisodeOver(Exception):
@@ -37,17 +50,21 @@ class StepOutcome:
     hits: list[Hit] = field(default_factory=list)  # the latest search's candidates (rank order)
     expanded: list[int] = field(default_factory=list)  # candidate numbers opened by this expand
     done: bool = False
+    # The passages this step's observation showed (an expand's, or a prefix search's), each with the
+    # text as shown (cut where the observation cap cut it): what a method hands a reader.
+    shown: list[Hit] = field(default_factory=list)
 
 
 class QuestionContext:
     def __init__(self, example: QAExample, env: SearchEnv, llm: LLMBackend, steps: EnvStepBatcher,
-                 seed: int = 0, max_llm_calls: int = 64):
+                 seed: int = 0, max_llm_calls: int = 64, handle_thinking: bool = True):
         self.example = example
         self.env = env
         self.llm = llm
         self._steps = steps
         self.seed = seed
         self.max_llm_calls = max_llm_calls
+        self.handle_thinking = handle_thinking  # see generate(); off for trained token-in/token-out protocols
         self.trace: list[dict[str, Any]] = []
         self.llm_calls = 0
         self.prompt_tokens = 0
@@ -77,7 +94,15 @@ class QuestionContext:
                        temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "",
                        allowed_token_ids: tuple[int, ...] = ()) -> GenerationResult:
         """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``);
-        ``allowed_token_ids``: a constrained choice (see :class:`GenerationRequest`)."""
+        ``allowed_token_ids``: a constrained choice (see :class:`GenerationRequest`).
+
+        With ``handle_thinking`` (every prompted method) a leading ``<think>`` block is taken out of
+        the completion's text into ``completion.thinking`` before the method sees it, and a stop
+        string that fires inside the thinking (or before any visible text follows it) does not end
+        the call: generation continues, within the same ``max_tokens``, first up to ``</think>``
+        (the only stop while thinking), then with the call's own stops. The trace keeps the whole
+        output; a call that ends inside its thinking is noted as ``thinking_cut_off``.
+        """
         if self.llm_calls >= self.max_llm_calls:
             raise EpisodeOver(f"LLM call limit of {self.max_llm_calls} reached")
         request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens, temperature=temperature,
@@ -86,16 +111,54 @@ class QuestionContext:
         self.llm_calls += 1
         started = time.perf_counter()
         result = await self.llm.agenerate(request)
-        completion = result.completions[0]
         self.prompt_tokens += result.prompt_tokens
-        self.completion_tokens += result.completion_tokens
+        parts = [result.completions[0]]
+        entry: dict[str, Any] = {}
+        seen = None  # the completion the method sees, when thinking was taken out
+        if self.handle_thinking and parts[0].finish_reason != "error":
+            parts, entry, seen = await self._through_thinking(request, result, parts)
+        raw = "".join(p.text for p in parts)
+        self.completion_tokens += result.completion_tokens + sum(len(p.token_ids) for p in parts[1:])
         self.trace.append({
-            "type": "llm", "tag": tag, "prompt": _prompt_for_trace(prompt), "output": completion.text,
-            "finish_reason": completion.finish_reason, "error": completion.error,
-            "prompt_tokens": result.prompt_tokens, "completion_tokens": len(completion.token_ids),
-            "latency_s": round(time.perf_counter() - started, 4),
+            "type": "llm", "tag": tag, "prompt": _prompt_for_trace(prompt), "output": raw,
+            "finish_reason": parts[-1].finish_reason, "error": parts[-1].error,
+            "prompt_tokens": result.prompt_tokens, "completion_tokens": sum(len(p.token_ids) for p in parts),
+            "latency_s": round(time.perf_counter() - started, 4), **entry,
         })
+        if entry.get("thinking") == "cut_off":
+            self.note("thinking_cut_off", call=tag, max_tokens=max_tokens)
+        if seen is not None:
+            result = dataclasses.replace(result, completions=[seen] + result.completions[1:])
         return result
+
+    async def _through_thinking(self, request: GenerationRequest, result: GenerationResult,
+                                parts: list[Completion]) -> tuple[list[Completion], dict[str, Any], Completion | None]:
+        """Continue a call whose stop fired inside its thinking: the parts generated, what the trace
+        adds, and the completion the method sees (None: the output had no thinking)."""
+        opened = prompt_opens_thinking(request.prompt, result.prompt_token_ids, self.tokenizer)
+        split = split_thinking(parts[0].text, opened)
+        if not split.present:
+            return parts, {}, None
+        continued = 0
+        while needs_continuation(parts[-1], split) and continued < MAX_CONTINUATIONS:
+            left = request.max_tokens - sum(len(p.token_ids) or len(p.text.split()) for p in parts)
+            prompt = continuation_prompt(request.prompt, result.prompt_token_ids, parts)
+            if left < 1 or prompt is None:
+                break
+            seed = None if request.seed is None else request.seed + 7919 * (continued + 1)  # a fresh draw
+            stop = request.stop if split.closed else (THINK_CLOSE,)
+            more = await self.llm.agenerate(dataclasses.replace(request, prompt=prompt, max_tokens=left, seed=seed,
+                                                                stop=stop))
+            self.prompt_tokens += more.prompt_tokens
+            parts.append(more.completions[0])
+            continued += 1
+            if parts[-1].finish_reason == "error":
+                break
+            split = split_thinking("".join(p.text for p in parts), opened)
+        entry: dict[str, Any] = {"thinking": "closed" if split.closed else "cut_off"}
+        if continued:
+            entry["continued"] = continued
+        return parts, entry, merged(parts, split)
 
     # -- env actions ---------------------------------------------------------------------------
 
@@ -106,6 +169,8 @@ class QuestionContext:
         """
         if self.done:
             raise EpisodeOver(f"the episode already ended ({self.finish_reason})")
+        before = self.env.episode.latest
+        shown_before = set(before.shown) if before is not None else set()
         observation, _, terminated, truncated, info = await self._steps.step(self.env, action, hits=hits)
         valid = info["action"] != "invalid"
         if info["action"] == "search":
@@ -120,6 +185,7 @@ class QuestionContext:
             hits=list(record.hits) if record is not None else [],
             expanded=list(record.expanded) if (record is not None and info["action"] == "expand") else [],
             done=terminated or truncated,
+            shown=shown_passages(record, shown_before if record is before else set()),
         )
         self.trace.append({"type": "env", "action": action, "observation": observation, "kind": info["action"],
                            **({"invalid_reason": outcome.reason} if not valid else {})})
@@ -185,6 +251,16 @@ class QuestionContext:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+def shown_passages(record: SearchRecord | None, already: set[int]) -> list[Hit]:
+    """The passages the latest step's observation concerns (``record``'s candidates not in
+    ``already``), in order, each with its text as the env showed it (a passage read earlier in the
+    episode: as it was shown then); passages the observation cap cut off entirely are left out."""
+    if record is None:
+        return []
+    return [dataclasses.replace(record.hits[number - 1], text=text)
+            for number, text in record.shown.items() if number not in already and text]
 
 
 def _prompt_for_trace(prompt: Prompt) -> Any:

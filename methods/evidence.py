@@ -8,10 +8,8 @@ metrics.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 
-from envs.config import EnvConfig
 from envs.types import Hit
 from methods.base import require_choice
 from methods.context import QuestionContext
@@ -21,17 +19,17 @@ ADMISSIONS = ("prefix", "preview")
 SELECT_TOKENS = 24
 
 
-def admission_env(base: EnvConfig, admission: str, k: int, max_searches: int) -> EnvConfig:
-    """The env for a method that makes up to ``max_searches`` searches of top-``k`` under ``admission``.
+def admission_protocol(admission: str, max_searches: int) -> dict:
+    """What the env of a method that makes up to ``max_searches`` searches under ``admission`` must be
+    (the method's ``fixed_env``; K and the observation cap stay the env's).
 
     Repeated queries are allowed (parallel or iterative sub-queries may coincide); in preview mode
     every search is followed by one expand, so the action budget is two per search plus the answer.
     """
     require_choice("admission", admission, ADMISSIONS)
     per_search = 2 if admission == "preview" else 1
-    return dataclasses.replace(base, admission=admission, candidates_per_search=k, max_expand=k, require_expand=True,
-                               max_searches=max_searches, max_actions=per_search * max_searches + 1,
-                               duplicate_query="allow")
+    return {"admission": admission, "require_expand": True, "max_searches": max_searches,
+            "max_actions": per_search * max_searches + 1, "duplicate_query": "allow"}
 
 
 def parse_selection(text: str, n_candidates: int) -> list[int] | None:
@@ -49,7 +47,8 @@ def parse_selection(text: str, n_candidates: int) -> list[int] | None:
     return None
 
 
-async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: int, purpose: str) -> list[int]:
+async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: int, purpose: str,
+                            max_tokens: int = SELECT_TOKENS) -> list[int]:
     """One LLM call: which of the ``n_candidates`` previewed candidates to open.
 
     An unusable reply opens the first candidate (the retriever's best, unless the env shuffles)
@@ -57,7 +56,7 @@ async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: i
     """
     body = snapshot.removeprefix("<snapshot>").removesuffix("</snapshot>").strip()
     prompt = prompts.SELECT.format(question=ctx.question, purpose=purpose, candidates=body)
-    result = await ctx.generate([{"role": "user", "content": prompt}], stop=("\n\n",), max_tokens=SELECT_TOKENS,
+    result = await ctx.generate([{"role": "user", "content": prompt}], stop=("\n\n",), max_tokens=max_tokens,
                                 tag="select")
     completion = result.completions[0]
     chosen = None if completion.finish_reason == "error" else parse_selection(completion.text, n_candidates)
@@ -76,12 +75,13 @@ def searches_left(ctx: QuestionContext) -> int:
 
 
 async def gather_evidence(ctx: QuestionContext, queries: list[str], admission: str,
-                          purposes: list[str] | None = None) -> list[list[Hit]]:
+                          purposes: list[str] | None = None, select_tokens: int = SELECT_TOKENS) -> list[list[Hit]]:
     """The passages read for each of ``queries``: one retrieval call, one retrieval round.
 
     Queries beyond the env's remaining search budget (one action is always kept for the
     answer) are not sent and yield no passages; the trace records them as ``search_budget``.
     A search the env refuses for another reason is recorded by the env; it never raises.
+    ``select_tokens``: the budget of each preview-selection call.
     """
     queries = [" ".join(q.split()) for q in queries]
     budget = searches_left(ctx)
@@ -102,11 +102,13 @@ async def gather_evidence(ctx: QuestionContext, queries: list[str], admission: s
             if not outcome.valid or outcome.done:
                 read.append([])
                 continue
+            # What is read is what the env showed (text cut by the observation cap, passages read
+            # earlier in the episode left out): exactly what doc_tokens counts.
             if admission == "prefix" or not outcome.observation.startswith("<snapshot>") or not outcome.hits:
-                read.append(list(outcome.hits) if admission == "prefix" else [])
+                read.append(list(outcome.shown) if admission == "prefix" else [])
                 continue
             purpose = purposes[i] if purposes else f"find evidence for: {query}"
-            chosen = await choose_candidates(ctx, outcome.observation, len(outcome.hits), purpose)
+            chosen = await choose_candidates(ctx, outcome.observation, len(outcome.hits), purpose, select_tokens)
             opened = await ctx.expand(chosen)
-            read.append([outcome.hits[j - 1] for j in opened.expanded] if opened.valid else [])
+            read.append(list(opened.shown) if opened.valid else [])
     return read

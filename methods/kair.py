@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
-from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register, require_choice
+from methods.base import Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_env, gather_evidence
+from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence
 from methods.prompts import format_docs
 from methods.prompts import kair as prompts
 
@@ -129,7 +129,7 @@ def chat(prompt: str) -> list[dict[str, str]]:
 class KAIR(Method):
     """KAIR: evolving knowledge index, sufficiency judgement, next query; answer from docs + index."""
 
-    k: int = 5  # documents per retrieval step
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # documents per retrieval step
     max_steps: int = 4  # retrieval steps in total, the first one included
     index_format: str = "keywords_relations"
     variant: str = "full"
@@ -137,16 +137,17 @@ class KAIR(Method):
     step_tokens: int = 200
     repair_tokens: int = 64
     answer_tokens: int = 48
+    select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
         require_choice("index_format", self.index_format, INDEX_FORMATS)
         require_choice("admission", self.admission, ADMISSIONS)
-        if self.k < 1 or self.max_steps < 1:
-            raise ValueError("k and max_steps must be >= 1")
+        if self.max_steps < 1:
+            raise ValueError("max_steps must be >= 1")
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return admission_env(base, self.admission, self.k, max_searches=self.max_steps)
+    def fixed_env(self) -> dict:
+        return admission_protocol(self.admission, max_searches=self.max_steps)
 
     # -- what each variant uses ----------------------------------------------------------------
 
@@ -203,7 +204,8 @@ class KAIR(Method):
     async def retrieve(self, ctx: QuestionContext, query: str, first: bool) -> list[Hit]:
         """The documents read for ``query`` (top-k, or the opened candidates under preview)."""
         purpose = prompts.FIRST_PURPOSE if first else prompts.NEXT_PURPOSE.format(query=query)
-        (read,) = await gather_evidence(ctx, [query], self.admission, purposes=[purpose])
+        (read,) = await gather_evidence(ctx, [query], self.admission, purposes=[purpose],
+                                        select_tokens=self.select_tokens)
         return read
 
     async def reason(self, ctx: QuestionContext, new: list[Hit], previous: StepNotes | None,
@@ -224,6 +226,8 @@ class KAIR(Method):
             ctx.note("llm_error", call="step")
             return None
         notes = parse_step(completion.text)
+        if notes.reasoning is None and completion.thinking:
+            notes.reasoning = completion.thinking  # a leading <think> (methods.thinking) is the step's reasoning
         gaps = notes.missing(with_index, need_decision)
         if gaps:
             ctx.note("kair_step_format", missing=gaps)

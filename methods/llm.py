@@ -71,6 +71,8 @@ class Completion:
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the model's own distribution
     (log-softmax of the raw logits, before temperature/top-k/top-p), which is what a trainer's
     forward pass computes; backends may offer the processed (sampled-from) distribution instead.
+    ``thinking``: the leading ``<think>`` block a :class:`~methods.context.QuestionContext` took out
+    of ``text`` (:mod:`methods.thinking`); backends leave it empty and ``text`` whole.
     """
 
     text: str
@@ -79,6 +81,7 @@ class Completion:
     finish_reason: str = "length"
     stop_string: str | None = None
     error: str | None = None
+    thinking: str = ""
 
 
 @dataclass

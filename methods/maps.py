@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register, require_choice
+from methods.base import Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_env, gather_evidence, searches_left
+from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
 from methods.prompts import format_docs
 from methods.prompts import maps as prompts
 
@@ -173,7 +173,7 @@ def chat(prompt: str) -> list[dict[str, str]]:
 class MAPS(Method):
     """MAPS: parallel sub-queries over complementary directions; observations + refined state."""
 
-    k: int = 5  # passages per sub-query
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # passages per sub-query (paper §4: top-5)
     max_iterations: int = 10
     n_directions: int = 3  # directions (and sub-queries) per iteration; 1 under no_parallel
     variant: str = "full"
@@ -182,12 +182,13 @@ class MAPS(Method):
     plan_tokens: int = 120
     refine_tokens: int = 160
     answer_tokens: int = 48
+    select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
         require_choice("admission", self.admission, ADMISSIONS)
-        if self.k < 1 or self.max_iterations < 1 or self.n_directions < 1:
-            raise ValueError("k, max_iterations and n_directions must be >= 1")
+        if self.max_iterations < 1 or self.n_directions < 1:
+            raise ValueError("max_iterations and n_directions must be >= 1")
 
     @property
     def queries_per_iteration(self) -> int:
@@ -201,9 +202,8 @@ class MAPS(Method):
     def disentangled(self) -> bool:
         return self.variant != "no_disentanglement"
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return admission_env(base, self.admission, self.k,
-                             max_searches=self.max_iterations * self.queries_per_iteration)
+    def fixed_env(self) -> dict:
+        return admission_protocol(self.admission, max_searches=self.max_iterations * self.queries_per_iteration)
 
     def calls_per_iteration(self) -> int:
         """LLM calls an iteration may need: plan, selections (preview), refine, judge."""
@@ -227,7 +227,8 @@ class MAPS(Method):
                 stop = "llm_error"
                 break
             evidence = await gather_evidence(ctx, [s.query for s in searches], self.admission,
-                                             purposes=[s.direction for s in searches] if self.with_directions else None)
+                                             purposes=[s.direction for s in searches] if self.with_directions else None,
+                                             select_tokens=self.select_tokens)
             ctx.stats["iterations"] = iteration
             ctx.stats["sub_queries"].append(len(searches))
             if ctx.done:

@@ -86,9 +86,13 @@ async def run_questions(
 ) -> list[dict]:
     """Predictions for ``examples`` (in input order); ``on_result`` sees each as it finishes.
 
+    ``env_config``: the whole env to run in (its limits; the method's protocol settings replace
+    the env's, :meth:`~methods.base.Method.fit_env`); None: the method's own paper env
+    (:meth:`~methods.base.Method.env_config`).
+
     The env counts observation caps in ``env_tokenizer``'s tokens when given (a policy trained on
     these episodes), else in the backend's tokenizer (words when it has none)."""
-    config = method.env_config(env_config or EnvConfig())
+    config = method.fit_env(env_config) if env_config is not None else method.env_config()
     steps = EnvStepBatcher(retriever)
     gate = asyncio.Semaphore(max(1, concurrency))
 
@@ -98,7 +102,8 @@ async def run_questions(
             env = SearchEnv(retriever, None, config,
                             tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
             env.reset(seed=question_seed, options={"example": example})
-            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls)
+            ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls,
+                                  handle_thinking=method.handles_thinking)
             record = await run_question(method, ctx)
         if on_result is not None:
             on_result(record)

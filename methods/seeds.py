@@ -9,13 +9,13 @@
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from envs.config import EnvConfig
 from envs.protocol import judge_chunks, judge_token_ids, judgement_action
-from methods.agent_loop import FORCE_ANSWER_DEFAULT, run_agent_turns
-from methods.base import Method, register
+from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, run_agent_turns
+from methods.base import Method, paper_limits, register
 from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
 from methods.parsing import last_tag
@@ -23,50 +23,46 @@ from methods.prompts import demos, r1, react
 from methods.prompts import o1 as o1_prompts
 from methods.transcript import ChatTranscript, TokenTranscript
 
+PREVIEW_PROTOCOL = {"admission": "preview", "require_expand": True}  # search -> snapshot -> expand
 
-def _preview_env(base: EnvConfig, k: int, max_expand: int, max_searches: int, max_actions: int) -> EnvConfig:
-    return dataclasses.replace(base, admission="preview", candidates_per_search=k, max_expand=max_expand,
-                               max_searches=max_searches, max_actions=max_actions, require_expand=True)
+
+def limits_text(env: EnvConfig) -> dict[str, int]:
+    """The env limits a SEEDS prompt states (``{k}``, ``{max_expand}``, ``{max_searches}``)."""
+    return {"k": env.candidates_per_search, "max_expand": env.max_expand, "max_searches": env.max_searches}
 
 
 @register("seeds-react")
 @dataclass
 class SeedsReAct(Method):
-    k: int = 10
-    max_expand: int = 10
-    max_searches: int = 4
-    max_actions: int = 12
+    paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=12)
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        return _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
+    def fixed_env(self) -> dict:
+        return dict(PREVIEW_PROTOCOL)
 
     async def run(self, ctx: QuestionContext) -> None:
-        prompt = react.SEEDS_REACT.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
-                                          question=ctx.question)
+        prompt = react.SEEDS_REACT.format(**limits_text(ctx.env.config), question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREVIEW) if self.example else prompt
-        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens)
+        await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("seeds-o1")
 @dataclass
 class SeedsO1(Method):
-    k: int = 10
-    max_expand: int = 10
-    max_searches: int = 5
-    max_actions: int = 14
+    paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=5, max_actions=14)
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
+    forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
-        return dataclasses.replace(config, duplicate_query="allow")
+    def fixed_env(self) -> dict:
+        return {**PREVIEW_PROTOCOL, "duplicate_query": "allow"}
 
     async def run(self, ctx: QuestionContext) -> None:
-        prompt = o1_prompts.SEEDS_REASONER.format(k=self.k, max_expand=self.max_expand,
-                                                  max_searches=self.max_searches, question=ctx.question)
+        prompt = o1_prompts.SEEDS_REASONER.format(**limits_text(ctx.env.config), question=ctx.question)
         prompt = demos.with_example(prompt, demos.REASONING_PREVIEW) if self.example else prompt
         transcript = ChatTranscript(prompt)
         last_query = {"text": ctx.question}
@@ -75,55 +71,50 @@ class SeedsO1(Method):
             if outcome.observation.startswith("<snapshot>"):
                 last_query["text"] = last_tag(model_text, "search") or ctx.question
                 return None  # the model sees the previews and chooses what to expand
-            if not outcome.valid or not outcome.expanded:
-                return None  # an error message, or "No passages expanded."
-            opened = [outcome.hits[i - 1] for i in outcome.expanded]
-            return await reason_in_documents(ctx, transcript.text, last_query["text"], opened, self.reader_max_tokens)
+            if not outcome.valid or not outcome.shown:
+                return None  # an error message, "No passages expanded." or passages already read
+            # The reader gets the opened passages as the env showed them (what doc_tokens counted).
+            return await reason_in_documents(ctx, transcript.text, last_query["text"], outcome.shown,
+                                             self.reader_max_tokens)
 
-        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read)
+        await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read,
+                              forced_answer_tokens=self.forced_answer_tokens)
 
 
 @register("seeds-r1")
 @dataclass
 class SeedsR1(Method):
-    """SEEDS-R1 protocol (paper appendix E/F.3): K=5, expand 0-5, 4 searches, 10 actions.
+    """SEEDS-R1 protocol (paper appendix E/F.3): K=5, expand 0-5, 4 searches, 10 actions, 1,200
+    observation tokens; the limits, the expand form and ``judge_question`` come from the env.
 
     ``force_answer``: with one action left, write ``<answer>`` for the model and answer with what
     it fills in (:mod:`methods.agent_loop`). Training rollouts have the same setting with the same
     default (:class:`training.rollout.RolloutConfig`); evaluate a checkpoint as it was trained.
+    Completions reach the env as the trainer's rollouts give them (no thinking handling).
     """
 
-    k: int = 5
-    max_expand: int = 5
-    max_searches: int = 4
-    max_actions: int = 10
+    handles_thinking: ClassVar[bool] = False
+
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5, max_searches=4, max_actions=10)
     max_tokens: int = 512
     force_answer: bool = FORCE_ANSWER_DEFAULT
-    expand_form: str = "list"  # "judge": one yes/no per candidate (EnvConfig.expand_form), as trained
     constrain_verdicts: bool = True  # judge form with a local tokenizer: verdicts among the yes/no tokens only
-    judge_question: bool = False  # judge form: each verdict question restates the question (EnvConfig.judge_question)
 
-    @classmethod
-    def for_env(cls, env: EnvConfig, **options) -> SeedsR1:
-        """SEEDS-R1 with the limits and the judgement form of the env it runs in (training, evaluation)."""
-        return cls(k=env.candidates_per_search, max_expand=env.max_expand, max_searches=env.max_searches,
-                   max_actions=env.max_actions, expand_form=env.expand_form, judge_question=env.judge_question,
-                   **options)
+    def fixed_env(self) -> dict:
+        return dict(PREVIEW_PROTOCOL)
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
-        config = _preview_env(base, self.k, self.max_expand, self.max_searches, self.max_actions)
-        return dataclasses.replace(config, expand_form=self.expand_form, judge_question=self.judge_question)
-
-    def prompt(self, question: str) -> str:
-        template = r1.SEEDS_R1_JUDGE if self.expand_form == "judge" else r1.SEEDS_R1
-        return template.format(k=self.k, max_expand=self.max_expand, max_searches=self.max_searches,
-                                  question=question)
+    @staticmethod
+    def prompt(question: str, env: EnvConfig) -> str:
+        """The SEEDS-R1 prompt for ``question`` in ``env`` (its limits; the judgement form's wording)."""
+        template = r1.SEEDS_R1_JUDGE if env.expand_form == "judge" else r1.SEEDS_R1
+        return template.format(**limits_text(env), question=question)
 
     async def run(self, ctx: QuestionContext) -> None:
-        transcript = TokenTranscript(self.prompt(ctx.question), ctx.tokenizer)
+        env = ctx.env.config
+        transcript = TokenTranscript(self.prompt(ctx.question, env), ctx.tokenizer)
 
         async def judge(outcome: StepOutcome, model_text: str) -> str | None:
-            if self.expand_form != "judge":
+            if env.expand_form != "judge":
                 return None
             return await judge_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts)
 

@@ -33,12 +33,12 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from envs.config import EnvConfig
 from envs.types import Hit
-from methods.base import Method, register, require_choice
+from methods.base import Method, paper_limits, register, require_choice
 from methods.context import QuestionContext
-from methods.evidence import ADMISSIONS, admission_env, gather_evidence, searches_left
+from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
 from methods.parsing import extract_answer, last_tag
 from methods.prompts import format_docs
 from methods.prompts import seek as prompts
@@ -186,7 +186,7 @@ class Seek(Method):
 
     variant: str = "full"
     admission: str = "prefix"  # or "preview": open only the candidates the model chooses
-    k: int = 5  # documents per sub-query
+    paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # documents per sub-query
     max_rounds: int = 10  # retrieval rounds at most
     max_slots: int = 6  # gists beyond this are dropped (noted)
     doc_chars: int = 800  # characters of each document shown to the refine call
@@ -195,17 +195,18 @@ class Seek(Method):
     refine_tokens: int = 128
     judge_tokens: int = 8
     answer_tokens: int = 48
+    select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
         require_choice("admission", self.admission, ADMISSIONS)
-        for name in ("k", "max_rounds", "max_slots"):
+        for name in ("max_rounds", "max_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 
-    def env_config(self, base: EnvConfig) -> EnvConfig:
+    def fixed_env(self) -> dict:
         searches = {"parallel_filling": self.max_slots, "no_iter_retrieval": 1}.get(self.variant, self.max_rounds)
-        return admission_env(base, self.admission, self.k, max_searches=searches)
+        return admission_protocol(self.admission, max_searches=searches)
 
     async def run(self, ctx: QuestionContext) -> None:
         ctx.stats.update(variant=self.variant, slots=0, slots_filled=0, rounds=0, stop="")
@@ -231,7 +232,8 @@ class Seek(Method):
                 break
             slot = sketch.slots[index]
             query = await self._write_query(ctx, sketch.render(), slot.gist)
-            (hits,) = await gather_evidence(ctx, [query], self.admission, purposes=[slot.gist])
+            (hits,) = await gather_evidence(ctx, [query], self.admission, purposes=[slot.gist],
+                                            select_tokens=self.select_tokens)
             slot.evidence = await self._refine(ctx, sketch.render(), slot.gist, query, hits, sketch.gists())
             rounds += 1
             if self.variant == "update" and rounds < self.max_rounds:
@@ -250,7 +252,7 @@ class Seek(Method):
         missing = [i for i in range(1, len(gists) + 1) if not written.get(i)]
         if missing:
             ctx.note("subquery_fallback", slots=missing, output=text)
-        read = await gather_evidence(ctx, queries, self.admission, purposes=gists)
+        read = await gather_evidence(ctx, queries, self.admission, purposes=gists, select_tokens=self.select_tokens)
         evidence = await asyncio.gather(*(self._refine(ctx, context, g, q, hits, gists)
                                           for g, q, hits in zip(gists, queries, read)))
         for slot, found in zip(sketch.slots, evidence):
@@ -261,7 +263,7 @@ class Seek(Method):
     async def _fill_from_one_retrieval(self, ctx: QuestionContext) -> str:
         """``no_iter_retrieval``: retrieve once with the question, then fill the slots in order."""
         sketch = await self._init_sketch(ctx)
-        (hits,) = await gather_evidence(ctx, [ctx.question], self.admission)
+        (hits,) = await gather_evidence(ctx, [ctx.question], self.admission, select_tokens=self.select_tokens)
         for slot in sketch.slots:
             slot.evidence = await self._refine(ctx, sketch.render(), slot.gist, ctx.question, hits, sketch.gists())
         self._record(ctx, "filled", sketch)
@@ -284,7 +286,8 @@ class Seek(Method):
             context = render_notes(notes, plan)
             focus = plan[step] if plan else prompts.NOTES_FOCUS
             query = await self._write_query(ctx, context, focus)
-            (hits,) = await gather_evidence(ctx, [query], self.admission, purposes=[plan[step] if plan else query])
+            (hits,) = await gather_evidence(ctx, [query], self.admission, purposes=[plan[step] if plan else query],
+                                            select_tokens=self.select_tokens)
             notes.append(await self._refine(ctx, context, focus, query, hits, plan or []))
             if step + 1 < limit and await self._judge(ctx, render_notes(notes, plan)):
                 stop = "sufficient"

@@ -30,7 +30,6 @@ from collections import Counter
 
 import torch
 
-from envs.config import EnvConfig
 from envs.default_questions import generate_default_questions
 from envs.retrieval.default_corpus import default_corpus_path
 from envs.types import Hit, Passage
@@ -71,12 +70,13 @@ def toy_retriever() -> WordOverlapRetriever:
 
 
 def time_rollouts(backend: HFBackend, retriever, questions, method: SeedsR1, args, reuse: bool) -> tuple[list, float]:
-    venv = SearchVectorEnv(retriever, num_envs=len(questions), config=method.env_config(EnvConfig()),
+    env = method.env_config({"max_actions": args.max_actions})
+    venv = SearchVectorEnv(retriever, num_envs=len(questions), config=env,
                            tokenizer=backend.tokenizer)
     config = RolloutConfig(max_turn_tokens=args.max_turn_tokens, max_context_tokens=args.max_context_tokens,
                            temperature=1.0, seed=args.seed, reuse_kv_cache=reuse)
     start = time.perf_counter()
-    episodes = collect_rollouts(backend, venv, questions, config, method.prompt)
+    episodes = collect_rollouts(backend, venv, questions, config, lambda q: method.prompt(q, env))
     return episodes, time.perf_counter() - start
 
 
@@ -146,7 +146,8 @@ def main() -> None:
     else:
         retriever = toy_retriever()
     questions = generate_default_questions(args.questions, seed=args.seed)
-    method = SeedsR1(max_actions=args.max_actions, max_tokens=args.max_turn_tokens)
+    method = SeedsR1(max_tokens=args.max_turn_tokens)
+    env = method.env_config({"max_actions": args.max_actions})
     print(f"model={args.model} device={backend.device} dtype={backend.model.dtype} retriever={args.retriever} "
           f"setup={time.perf_counter() - start:.1f}s")
     backend.generate([GenerationRequest("Warm-up.", max_tokens=4)])
@@ -158,12 +159,13 @@ def main() -> None:
         again, again_seconds = time_rollouts(backend, retriever, questions, method, args, reuse=False)
         describe(again, again_seconds, "rollout (re-prefill every turn)")
     per_row = math.ceil(sum(e.num_model_tokens for e in episodes) / len(questions))
-    plain_seconds = time_plain_generate(backend, [method.prompt(q.question) for q in questions], per_row, args.seed)
+    prompts = [method.prompt(q.question, env) for q in questions]
+    plain_seconds = time_plain_generate(backend, prompts, per_row, args.seed)
     plain_rate = per_row * len(questions) / plain_seconds
     print(f"plain model.generate: rows={len(questions)} new_tokens/row={per_row} seconds={plain_seconds:.2f} "
           f"tokens/s={plain_rate:.1f}")
     if args.engine_baseline:
-        engine_rate = time_engine_generate(backend, [method.prompt(q.question) for q in questions], per_row, args.seed)
+        engine_rate = time_engine_generate(backend, prompts, per_row, args.seed)
         print(f"one backend.generate call (same prompts, no stop strings): tokens/s={engine_rate:.1f} "
               f"rollout/engine={rollout_rate / engine_rate:.2f}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

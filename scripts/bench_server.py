@@ -1,25 +1,26 @@
-"""Benchmark the retrieval server: micro-batching versus one request at a time.
+"""Benchmark the retrieval server's engines side by side under the same load.
 
-    python scripts/bench_server.py                      # 64 clients, 30 s per mode
-    python scripts/bench_server.py --clients 64 --seconds 5
+    python scripts/bench_server.py                          # 64 clients, 20 s per mode
+    python scripts/bench_server.py --clients 64 --seconds 10 --engines uvicorn,ray
 
-Starts ``envs.retrieval.server.RetrievalServer`` in this process on the embedded default index (MiniLM
-over the Wikipedia summaries; built on first use, then cached), with the retriever's result cache
-off so every query is really encoded and searched. The clients run in a child process, as remote
-nodes would. ``--clients`` threads, each with its own httpx
-connection, send one query per ``POST /search`` (k=5) for ``--seconds``, drawing from a pool of
-short queries (the default corpus's article titles and descriptions; ``--queries questions`` for
-the ~40-word default generated questions). It runs twice against the same server: micro-batching
-(``max_batch=--max-batch``) and then ``max_batch=1`` (one request at a time), and prints, for each,
-QPS, p50/p99 latency, errors, the mean batch size and the seconds spent encoding and searching
-the index; the last line is
-``microbatch_speedup=<QPS ratio>``.
+One run measures, on the embedded default index (MiniLM over the Wikipedia summaries; built on
+first use, then cached) with the retriever's result cache off so every query is really encoded
+and searched: the uvicorn engine with batching (``max_batch=--max-batch``), the same server one
+request at a time (``max_batch=1``), and the Ray Serve engine with one replica (``@serve.batch``;
+skipped, with a note, without the ``ray`` extra). The clients run in a child process, as remote
+nodes would: ``--clients`` threads, each with its own httpx connection, send one query per
+``POST /search`` (k=5) for ``--seconds``, drawing from a pool of short queries (the default
+corpus's article titles and descriptions; ``--queries questions`` for the ~40-word default
+generated questions). Each mode prints QPS, p50/p99 latency, errors and the mean batch (from the
+server's ``/health``); the last line is ``errors=<all modes> microbatch_speedup=<uvicorn batched
+QPS / one-at-a-time QPS>``.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing
 import random
+import socket
 import statistics
 import sys
 import threading
@@ -29,9 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
+import httpx
 
-from envs.retrieval.server import RetrievalServer, ServerLimits  # noqa: E402
+from envs.default_questions import generate_default_questions
+from envs.retrieval import serve_ray
+from envs.retrieval.default_corpus import default_articles_path, read_articles
+from envs.retrieval.defaults import default_retriever
+from envs.retrieval.server import RetrievalServer, ServerLimits
 
 
 def query_pool(kind: str, n: int, seed: int = 0) -> list[str]:
@@ -39,11 +44,7 @@ def query_pool(kind: str, n: int, seed: int = 0) -> list[str]:
     ("Mount Fuji", "Landlocked country in West Africa"), the length of an agent's search queries;
     ``questions``: the default generated questions (about 40 words each)."""
     if kind == "questions":
-        from envs.default_questions import generate_default_questions
-
         return list(dict.fromkeys(e.question for e in generate_default_questions(n, seed=seed)))
-    from envs.retrieval.default_corpus import default_articles_path, read_articles
-
     texts = []
     for article in read_articles(default_articles_path()):
         texts.append(article["title"])
@@ -101,61 +102,92 @@ def run_clients(url: str, pool: list[str], clients: int, seconds: float, k: int)
     }
 
 
-def measure(server: RetrievalServer, name: str, max_batch: int, pool: list[str], args) -> dict:
-    server.batcher.max_batch = max_batch
-    before = server.batcher.stats()
-    stats = server.retriever.stats
-    busy_before = stats.encode_seconds, stats.index_seconds
+def measure(url: str, name: str, pool: list[str], args, note: str = "") -> dict:
+    """One mode: the clients (in a child process) against ``url``; the mean batch from ``/health``."""
+    before = httpx.get(f"{url}/health", trust_env=False, timeout=60).json()["served"]
     # The clients run in a child process, as remote nodes would: they do not compete with the
     # server's threads for this process's GIL.
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
-        result = child.submit(run_clients, server.url, pool, args.clients, args.seconds, args.k).result()
-    after = server.batcher.stats()
-    batches = after["batches"] - before["batches"]
-    queries = after["batched_queries"] - before["batched_queries"]
+        result = child.submit(run_clients, url, pool, args.clients, args.seconds, args.k).result()
+    after = httpx.get(f"{url}/health", trust_env=False, timeout=60).json()["served"]
+    batches = after.get("batches", 0) - before.get("batches", 0)
+    queries = after.get("batched_queries", 0) - before.get("batched_queries", 0)
     result["mean_batch"] = queries / batches if batches else 0.0
-    encode_s, index_s = stats.encode_seconds - busy_before[0], stats.index_seconds - busy_before[1]
-    print(f"{name}: max_batch={max_batch} clients={args.clients} seconds={result['seconds']:.1f} "
-          f"requests={result['requests']} qps={result['qps']:.1f} p50_ms={result['p50_ms']:.1f} "
-          f"p99_ms={result['p99_ms']:.1f} errors={result['errors']} mean_batch={result['mean_batch']:.1f} "
-          f"encode_s={encode_s:.1f} index_s={index_s:.1f}",
-          flush=True)
+    print(f"{name}: {note}clients={args.clients} seconds={result['seconds']:.1f} requests={result['requests']} "
+          f"qps={result['qps']:.1f} p50_ms={result['p50_ms']:.1f} p99_ms={result['p99_ms']:.1f} "
+          f"errors={result['errors']} mean_batch={result['mean_batch']:.1f}", flush=True)
     return result
+
+
+def measure_uvicorn(pool: list[str], args) -> tuple[dict, dict]:
+    """The uvicorn engine in this process: batched, then one request at a time on the same server."""
+    retriever = default_retriever(device=args.device, cache_size=0, show_progress=False)
+    print(f"index: {retriever!r}; query pool: {len(pool)} {args.queries} queries; cache off; k={args.k}", flush=True)
+    limits = ServerLimits(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    with RetrievalServer(retriever, "127.0.0.1", 0, limits).start() as server:
+        retriever.search(pool[:8], args.k)  # warm the encoder up
+        batched = measure(server.url, "uvicorn-batched", pool, args, f"max_batch={args.max_batch} ")
+        server.batcher.max_batch = 1
+        single = measure(server.url, "uvicorn-one-at-a-time", pool, args, "max_batch=1 ")
+    return batched, single
+
+
+def measure_ray(pool: list[str], args) -> dict | None:
+    """The Ray Serve engine, one replica holding the default index, on a local Ray of ``--ray-cpus``."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        print("ray-serve: skipped (pip install -e '.[ray]' for the Ray Serve engine)", flush=True)
+        return None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ray.init(num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        limits = ServerLimits(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+        options = serve_ray.ReplicaOptions(replicas=1, num_cpus=args.ray_cpus)
+        url = serve_ray.run(serve_ray.application("default", None, args.device, limits, None, options, cache_size=0),
+                            "127.0.0.1", port)
+        httpx.post(f"{url}/search", json={"queries": pool[:8], "k": args.k}, trust_env=False, timeout=120)  # warm up
+        return measure(url, "ray-serve-1-replica", pool, args, f"max_batch={args.max_batch} ")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=30.0, help="per mode")
+    parser.add_argument("--seconds", type=float, default=20.0, help="per mode")
     parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--max-batch", type=int, default=256, help="micro-batching mode's max_batch")
+    parser.add_argument("--max-batch", type=int, default=256, help="batched modes' max_batch (queries)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--engines", default="uvicorn,ray", help="comma-separated: uvicorn, ray")
+    parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray, all for the one replica")
     parser.add_argument("--queries", default="short", choices=["short", "questions"],
                         help="query pool: article titles and descriptions, or the default generated questions")
     parser.add_argument("--pool", type=int, default=20000, help="distinct queries in the pool (at most)")
     parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads for the encoder (default: torch's)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = parser.parse_args(argv)
-
-    from envs.retrieval.defaults import default_retriever
-
+    engines = {e.strip() for e in args.engines.split(",") if e.strip()}
+    if not engines or engines - {"uvicorn", "ray"}:
+        parser.error(f"--engines takes uvicorn and/or ray, got {args.engines!r}")
     if args.torch_threads:
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    retriever = default_retriever(device=args.device, cache_size=0, show_progress=False)
     pool = query_pool(args.queries, args.pool)
-    print(f"index: {retriever!r}; query pool: {len(pool)} {args.queries} queries; "
-          f"cache off; k={args.k}", flush=True)
-    limits = ServerLimits(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
-    with RetrievalServer(retriever, "127.0.0.1", 0, limits).start() as server:
-        retriever.search(pool[:8], args.k)  # warm the encoder up
-        batched = measure(server, "microbatch", args.max_batch, pool, args)
-        single = measure(server, "one-at-a-time", 1, pool, args)
-        served = server.served()
-    print(f"server: {served}")
-    speedup = batched["qps"] / single["qps"] if single["qps"] else float("inf")
-    print(f"microbatch_speedup={speedup:.2f}")
+    results = []
+    speedup = float("nan")
+    if "uvicorn" in engines:
+        batched, single = measure_uvicorn(pool, args)
+        results += [batched, single]
+        speedup = batched["qps"] / single["qps"] if single["qps"] else float("inf")
+    if "ray" in engines:
+        results += [r for r in [measure_ray(pool, args)] if r is not None]
+    print(f"errors={sum(r['errors'] for r in results)} microbatch_speedup={speedup:.2f}")
     return 0
 
 

@@ -12,15 +12,23 @@ build's peak RAM: the training sample, add chunk and encode batch are derived fr
 type whose index cannot fit is refused before anything is encoded, with the estimate and the
 types that would fit (21M x 768 E5 vectors: Flat 64.6 GB, SQ8 16.1 GB, IVF-PQ64 1.6 GB).
 ``--rerank K`` stores the default number of candidates that searches re-rank exactly from the
-on-disk embeddings. See envs/retrieval/index.py (directory layout) and envs/retrieval/index_memory.py (formulas).
+on-disk embeddings. ``--dtype auto`` (the default) encodes in float16 on CUDA, bfloat16 on a CPU
+with native bfloat16 (avx512_bf16 / AMX) and float32 elsewhere; the precision is part of the
+index's identity (a float32 build is never reused as a bfloat16 one) and queries are encoded in
+it too. The last line printed is ``build_s=<seconds>`` (wall time from the start: imports,
+corpus and model loading included). See envs/retrieval/index.py (directory layout) and
+envs/retrieval/index_memory.py (formulas).
 """
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
-from pathlib import Path
+
+_LAUNCHED = time.perf_counter()  # build_s counts from here: imports, corpus and model loading included
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -71,8 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "embeddings.npy (0: off)")
     parser.add_argument("--nprobe", type=int, default=None,
                         help="default IVF lists visited per search (stored in meta.json; else 32)")
-    parser.add_argument("--batch-size", type=int, default=256,
-                        help="passages per encode call and checkpoint (upper bound under a budget)")
+    parser.add_argument("--batch-size", type=int, default=1024,
+                        help="passages per encode call and checkpoint (upper bound under a budget); each call "
+                             "is sorted by length into forward passes, so larger calls pad less")
     parser.add_argument("--encoder-batch-size", type=int, default=None, help="texts per forward pass")
     parser.add_argument("--max-length", type=int, default=None, help="encoder token limit")
     parser.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:1 ... (default: auto)")
@@ -81,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(every visible GPU) or 'cpu,cpu'; default: every GPU when several exist and the corpus "
                              "has >= 100,000 passages")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
-                        help="encoder precision (auto: fp16 on CUDA, fp32 on CPU)")
+                        help="encoder precision (auto: fp16 on CUDA, bf16 on a CPU with native bf16, else fp32)")
     parser.add_argument("--train-size", type=int, default=100_000,
                         help="rows sampled to train IVF/PQ/SQ types (upper bound under a budget)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model repo")
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"index {out} ({meta['factory']}, {meta['ntotal']} rows) ready after {time.perf_counter() - started:.1f}s"
           + (f"; peak RSS {format_bytes(peak)}" if peak else "")
           + (f" of a {format_bytes(budget)} budget" if budget and peak else ""))
+    print(f"build_s={time.perf_counter() - _LAUNCHED:.1f}")
     return 0
 
 

@@ -2,6 +2,8 @@
 with its log-prob renormalised over them, in the backend, the rollouts and the trainer alike."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
@@ -68,7 +70,7 @@ def test_rollout_verdicts_are_marked_and_scored_like_the_sampler(script_lm, toke
     venv = SearchVectorEnv(retriever, num_envs=4, config=env_config, tokenizer=tokenizer)
     config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, temperature=1.0, samples_per_question=2,
                            seed=5)
-    prompt = SeedsR1(max_searches=1, max_actions=4, expand_form="judge").prompt
+    prompt = functools.partial(SeedsR1.prompt, env=env_config)
     episodes = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:2], config, prompt)
     allowed = judge_token_ids(tokenizer)
     for episode in episodes:
@@ -91,8 +93,7 @@ def test_unconstrained_rollouts_have_no_choice_mask(script_lm, tokenizer, retrie
     venv = SearchVectorEnv(retriever, num_envs=1, config=EnvConfig(expand_form="judge", max_actions=4),
                            tokenizer=tokenizer)
     config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, temperature=0.0, constrain_verdicts=False)
-    (episode,) = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:1], config,
-                                  SeedsR1(expand_form="judge").prompt)
+    (episode,) = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:1], config)
     assert episode.choice_mask == []
 
 
@@ -115,7 +116,6 @@ def test_a_verdict_the_backend_cannot_give_ends_its_episode_as_an_error(script_l
     venv = SearchVectorEnv(retriever, num_envs=2, config=EnvConfig(expand_form="judge", max_actions=4),
                            tokenizer=tokenizer)
     config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, temperature=0.0)
-    episodes = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:2], config,
-                                SeedsR1(expand_form="judge").prompt)
+    episodes = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:2], config)
     assert [e.finish_reason for e in episodes] == ["error", "error"]
     assert all(e.info.get("error") for e in episodes)

@@ -178,3 +178,42 @@ def test_corpus_pickles_without_its_file_descriptor(tmp_path):
     assert corpus[0].id == "doc-1"
     clone = pickle.loads(pickle.dumps(corpus))
     assert clone[3] == corpus[3]
+
+
+# ----- unique passage ids -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", sorted(MAKERS))
+def test_a_repeated_id_is_an_error_naming_both_lines(tmp_path, fmt):
+    make, ext = MAKERS[fmt]
+    rows = [*ROWS, ("doc-5", "Rome", "Rome is the capital of Italy."), ("doc-2", "Again", "Same id as row 1.")]
+    with pytest.raises(CorpusFormatError) as err:
+        load_corpus(write_lines(tmp_path / f"dup{ext}", make(rows)), fmt=fmt)
+    header = 1 if fmt == "tsv" else 0  # the TSV header is line 1, so every passage line moves down one
+    message = str(err.value)
+    assert f"dup{ext}: line {6 + header}:" in message and f"first on line {2 + header}" in message
+    assert "'doc-2'" in message
+
+
+def test_an_integer_id_and_its_string_are_the_same_id(tmp_path):
+    lines = [json.dumps({"id": 7, "title": "a", "text": "x"}), json.dumps({"id": "7", "title": "b", "text": "y"})]
+    with pytest.raises(CorpusFormatError, match="line 2: duplicate passage id '7' \\(first on line 1\\)"):
+        load_corpus(write_lines(tmp_path / "ints.jsonl", lines))
+
+
+def test_colliding_id_hashes_are_compared_exactly(tmp_path, monkeypatch):
+    """Distinct ids whose hashes collide (forced here) are not duplicates; the exact re-check decides."""
+    monkeypatch.setattr(corpus_module, "hash", lambda _text: 42, raising=False)
+    corpus = load_corpus(write_lines(tmp_path / "c.jsonl", jsonl_lines()))
+    assert [p.id for p in corpus] == [pid for pid, _, _ in ROWS]
+    with pytest.raises(CorpusFormatError, match="line 5: duplicate passage id 'doc-1' \\(first on line 1\\)"):
+        load_corpus(write_lines(tmp_path / "d.jsonl", jsonl_lines([*ROWS, ROWS[0]])))
+
+
+def test_offsets_cached_before_the_id_check_are_not_trusted(tmp_path):
+    """A duplicate written before ids were checked (offsets cache v1) is still found."""
+    path = write_lines(tmp_path / "old.jsonl", jsonl_lines([*ROWS, ROWS[0]]))
+    stale = corpus_module.cache_dir("corpus-offsets") / f"{fingerprint_file(path)}-jsonl-v1.npy"
+    np.save(stale, np.arange(len(ROWS) + 2, dtype=np.int64))
+    with pytest.raises(CorpusFormatError, match="duplicate passage id 'doc-1'"):
+        load_corpus(path)

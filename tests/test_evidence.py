@@ -11,14 +11,14 @@ from envs.search_env import SearchEnv
 from envs.types import QAExample
 from methods.context import QuestionContext
 from methods.env_batcher import EnvStepBatcher
-from methods.evidence import admission_env, gather_evidence, parse_selection
+from methods.evidence import admission_protocol, gather_evidence, parse_selection
 
 QUESTION = QAExample("q0", "What is the capital of France?", ("Paris",), positive_ids=("p0",))
 
 
 def contexts(n, admission, respond, retriever):
     llm = FakeLLM(respond)
-    config = admission_env(EnvConfig(), admission, k=3, max_searches=4)
+    config = EnvConfig(candidates_per_search=3, max_expand=3, **admission_protocol(admission, max_searches=4))
     steps = EnvStepBatcher(retriever)
     out = []
     for i in range(n):
@@ -82,8 +82,8 @@ def test_refused_search_yields_no_passages_and_no_crash():
     assert len(retriever.calls) == 1 and len(retriever.calls[0]) == 4
 
 
-def test_admission_env_budget():
+def test_admission_protocol_budget():
     with pytest.raises(ValueError):
-        admission_env(EnvConfig(), "topk", 5, 4)
-    assert admission_env(EnvConfig(), "preview", 5, 4).max_actions == 9
-    assert admission_env(EnvConfig(), "prefix", 5, 4).max_actions == 5
+        admission_protocol("topk", 4)
+    assert admission_protocol("preview", 4)["max_actions"] == 9
+    assert admission_protocol("prefix", 4)["max_actions"] == 5

@@ -41,9 +41,9 @@ def test_list_form_env_accepts_judgements(retriever, examples):
 
 
 def test_seeds_r1_judge_prompt_and_env():
-    method = SeedsR1(expand_form="judge")
-    assert "[1] no [2] yes" in method.prompt("Who?") and method.env_config(EnvConfig()).expand_form == "judge"
-    assert "<expand> 1, 3 </expand>" in SeedsR1().prompt("Who?")
+    judged = SeedsR1().env_config({"expand_form": "judge"})
+    assert "[1] no [2] yes" in SeedsR1.prompt("Who?", judged) and judged.expand_form == "judge"
+    assert "<expand> 1, 3 </expand>" in SeedsR1.prompt("Who?", EnvConfig())
     with pytest.raises(ValueError):
         EnvConfig(expand_form="vote")
 
@@ -67,7 +67,7 @@ def test_judge_question_restates_the_question_beside_every_preview(retriever, ex
         f"Does [{i}] help answer: What is the capital of France?" for i in range(1, len(chunks) + 1)]
     assert chunks[0].startswith("\n<snapshot>\n[1] ") and closing == "\n</snapshot>\n"
     assert [c.rsplit("\n", 1)[-1] for c in judge_chunks(plain_obs)[0]][0] == "Read [1]?"
-    assert SeedsR1(expand_form="judge", judge_question=True).env_config(EnvConfig()).judge_question
+    assert SeedsR1().env_config({"expand_form": "judge", "judge_question": True}).judge_question
 
 
 def test_sft_can_show_the_teachers_verdicts_without_training_them():

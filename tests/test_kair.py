@@ -71,9 +71,11 @@ def always_insufficient(index: bool = True) -> list[str]:
     return [step_reply(i, "insufficient", QUERIES[i], index) for i in range(4)]
 
 
-def run(script, example=QUESTION, **options):
+def run(script, example=QUESTION, k=None, **options):
     llm = FakeLLM(script)
-    (record,) = run_questions_sync(KAIR(**options), [example], llm, OverlapRetriever(), EnvConfig())
+    method = KAIR(**options)
+    env = method.env_config({"candidates_per_search": k, "max_expand": k} if k else {})
+    (record,) = run_questions_sync(method, [example], llm, OverlapRetriever(), env)
     return record
 
 
@@ -259,9 +261,9 @@ def test_options_and_env():
         KAIR(index_format="graph")
     with pytest.raises(ValueError, match="admission"):
         KAIR(admission="topk")
-    config = KAIR().env_config(EnvConfig())
+    config = KAIR().env_config()
     assert (config.candidates_per_search, config.max_searches, config.admission, config.max_actions) == (
         5, 4, "prefix", 5)
-    assert KAIR(admission="preview").env_config(EnvConfig()).max_actions == 9
+    assert KAIR(admission="preview").env_config().max_actions == 9
     method = get("kair", variant="no_index", max_steps=3)
     assert method.options()["variant"] == "no_index" and dataclasses.is_dataclass(method)

@@ -86,7 +86,7 @@ class Script:
 def run(respond, examples=(QUESTION,), llm_class=FakeLLM, **options):
     llm = llm_class(respond)
     retriever = OverlapRetriever()
-    records = run_questions_sync(get("maps", **options), list(examples), llm, retriever, EnvConfig())
+    records = run_questions_sync(get("maps", **options), list(examples), llm, retriever)
     return records, llm, retriever
 
 
@@ -150,7 +150,7 @@ def test_stops_at_max_iterations():
 
 def test_no_parallel_makes_one_sub_query_per_iteration():
     method = get("maps", variant="no_parallel", max_iterations=4)
-    assert method.env_config(EnvConfig()).max_searches == 4
+    assert method.env_config().max_searches == 4
     script = Script(sufficient_after=3, n=1)
     (record,), llm, retriever = run(script, variant="no_parallel", max_iterations=4)
     assert [len(c) for c in retriever.calls] == [1, 1, 1]
@@ -259,9 +259,9 @@ def test_options_and_budget():
         MAPS(variant="no_such_thing")
     with pytest.raises(ValueError, match="admission"):
         MAPS(admission="topk")
-    config = MAPS().env_config(EnvConfig())
+    config = MAPS().env_config()
     assert config.max_searches == 30 and config.candidates_per_search == 5 and config.admission == "prefix"
-    assert MAPS(admission="preview", n_directions=2).env_config(EnvConfig()).max_searches == 20
+    assert MAPS(admission="preview", n_directions=2).env_config().max_searches == 20
 
 
 def test_parse_plan_is_tolerant_and_capped():

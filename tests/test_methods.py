@@ -41,7 +41,7 @@ def run(name, respond, examples=(QUESTION,), **options):
     from conftest import OverlapRetriever
 
     retriever = OverlapRetriever()
-    records = run_questions_sync(methods.get(name, **options), list(examples), llm, retriever, EnvConfig())
+    records = run_questions_sync(methods.get(name, **options), list(examples), llm, retriever)  # the paper's env
     return records, llm, retriever
 
 
@@ -56,7 +56,50 @@ def test_every_method_is_registered():
         methods.get("nope")
     with pytest.raises(TypeError, match="no option"):
         methods.get("react", kk=3)
-    assert methods.get("react", k=3).options()["k"] == 3
+    with pytest.raises(TypeError, match="env limits"):  # k is the env's candidates_per_search
+        methods.get("react", k=3)
+    assert methods.get("react", max_tokens=64).options()["max_tokens"] == 64
+
+
+@pytest.mark.parametrize("name, paper", [
+    ("seeds-react", {"candidates_per_search": 10, "max_expand": 10, "max_searches": 4, "max_actions": 12}),
+    ("seeds-r1", {"candidates_per_search": 5, "max_expand": 5, "max_searches": 4, "max_actions": 10}),
+    ("search-r1", {"candidates_per_search": 3, "max_searches": 4, "max_actions": 10}),
+    ("search-o1", {"candidates_per_search": 10, "max_searches": 5, "max_actions": 12}),
+])
+def test_methods_take_their_limits_from_the_env(name, paper):
+    """A method's paper limits are env defaults: the run's env overrides them, the method reads
+    them from its env; its protocol (admission mode) is fixed, and contradicting it is an error."""
+    method = methods.get(name)
+    env = method.env_config()
+    assert {key: getattr(env, key) for key in paper} == paper
+    assert env.max_obs_tokens == 240 * env.candidates_per_search  # the cap fits every candidate
+    assert not {"k", "max_searches", "max_expand", "max_actions"} & set(method.options())
+    narrowed = method.env_config({"candidates_per_search": 2, "max_searches": 1, "preview": {"max_tokens": 7}})
+    assert (narrowed.candidates_per_search, narrowed.max_searches, narrowed.preview.max_tokens) == (2, 1, 7)
+    assert narrowed.preview.window_chars == EnvConfig().preview.window_chars  # a partial section overlays
+    other = "prefix" if env.admission == "preview" else "preview"
+    with pytest.raises(ValueError, match="runs with admission="):
+        method.env_config({"admission": other})
+    assert method.fit_env(EnvConfig(admission=other, candidates_per_search=7)).admission == env.admission
+
+
+def test_old_limit_options_move_to_the_env_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="candidates_per_search"):
+        own, env = methods.base.split_env_limits("react", {"k": 3, "max_tokens": 64, "max_searches": 2})
+    assert own == {"max_tokens": 64} and env == {"candidates_per_search": 3, "max_searches": 2}
+
+
+def test_prompts_state_the_env_limits():
+    """The method states the limits of the env it runs in, not limits of its own."""
+    (record,), llm, _ = run("seeds-react", competent)
+    assert "up to 10 candidate passages" in llm.prompts[0] and "at most 10 per snapshot" in llm.prompts[0]
+    llm = FakeLLM(competent)
+    from conftest import OverlapRetriever
+    method = methods.get("seeds-react")
+    run_questions_sync(method, [QUESTION], llm, OverlapRetriever(),
+                       method.env_config({"candidates_per_search": 3, "max_expand": 2, "max_searches": 2}))
+    assert "up to 3 candidate passages" in llm.prompts[0] and "at most 2 per snapshot" in llm.prompts[0]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_DOCS))
@@ -122,7 +165,7 @@ def test_junk_ids_and_missing_tags_hit_the_limits_then_force_an_answer(name):
 
     options = {"force_answer": True} if name == "seeds-r1" else {}  # SEEDS-R1 forces only when asked
     (record,), _, _ = run(name, stubborn, **options)
-    config = methods.get(name).env_config(EnvConfig())
+    config = methods.get(name).env_config()
     assert record["prediction"] == "Lyon" and record["metrics"]["em"] == 0.0
     assert record["n_searches"] <= config.max_searches
     assert any(e.get("kind") == "forced_answer" for e in record["trace"] if e["type"] == "note")
@@ -166,3 +209,37 @@ def test_dynk_translates_read_counts():
     assert ReActDynamicK.translate("<read>0</read>") == "<expand>none</expand>"
     assert ReActDynamicK.translate("<read>many</read>") == "<read>many</read>"
     assert ReActDynamicK.translate("<answer>x</answer>") == "<answer>x</answer>"
+
+
+def test_readers_get_the_passages_as_the_env_showed_them():
+    """The o1 reader reads what the observation cap let through, which is what doc_tokens counts:
+    the text past the cut reaches neither the env's observation nor the reader."""
+    from conftest import PASSAGES, OverlapRetriever
+
+    llm = FakeLLM(competent)
+    method = methods.get("seeds-o1")
+    env = method.env_config({"max_obs_tokens": 27})  # FakeLLM has no tokenizer: the env counts words
+    (record,) = run_questions_sync(method, [QUESTION], llm, OverlapRetriever(), env)
+    reader_prompt = next(p for p in llm.prompts if "Final Information:" in p)
+    opened = next(e["observation"] for e in record["trace"] if e["type"] == "env" and e["kind"] == "expand")
+    assert "[truncated: observation limit reached]" in opened
+    full_text = {title: text for _, title, text in PASSAGES}
+    docs = re.findall(r"^Doc \d+ \(Title: (.+?)\) (.*)$", reader_prompt, flags=re.M)
+    assert docs and all(full_text[title].startswith(text) for title, text in docs)
+    assert any(text != full_text[title] for title, text in docs)  # the reader got the cut, not the full text
+    shown_words = sum(len(title.split()) + len(text.split()) + 1 for title, text in docs)  # "[i] Title\ntext"
+    assert shown_words == record["doc_tokens"]
+    assert 0 < record["doc_tokens"] <= 27
+
+
+def test_k10_methods_have_room_for_ten_passages():
+    """ReAct-style K=10 methods get a cap that fits ten passages (the SEEDS-R1 cap would cut them)."""
+    from conftest import OverlapRetriever
+
+    (record,), _, _ = run("search-o1", competent)
+    information = next(e["observation"] for e in record["trace"] if e["type"] == "env" and e["kind"] == "search")
+    assert "[truncated" not in information and information.count("\n[") == 10
+    llm = FakeLLM(competent)
+    method = methods.get("search-o1")
+    (cut,) = run_questions_sync(method, [QUESTION], llm, OverlapRetriever(), method.env_config({"max_obs_tokens": 60}))
+    assert cut["doc_tokens"] < record["doc_tokens"]

@@ -153,8 +153,8 @@ def test_scripted_episodes_layout_rewards_and_groups(script_backend, script_lm, 
         assert episode.token_ids[-1] == eos and episode.loss_mask[-1] == 1
         assert episode.sampler_logprobs[-1] < 0.0  # a real log-prob, computed, not a placeholder
         assert episode.num_turns == 3  # search, expand, answer
-        assert episode.prompt_length == len(tokenizer(SeedsR1().prompt(
-            next(ex.question for ex in examples if ex.id == episode.example_id)))["input_ids"])
+        assert episode.prompt_length == len(tokenizer(SeedsR1.prompt(
+            next(ex.question for ex in examples if ex.id == episode.example_id), EnvConfig()))["input_ids"])
         assert episode.reward == episode.info["reward"]["total"]
         assert episode.info["answer"] == "Paris" and episode.info["n_searches"] == 1
         assert "<answer> Paris</answer></s>" in episode.text
@@ -187,7 +187,7 @@ def test_random_policy_sampled_logprobs_align(random_backend, random_lm, tokeniz
 
 
 def test_context_cap_truncates(script_backend, script_lm, tokenizer, retriever, examples):
-    prompt_len = len(tokenizer(SeedsR1().prompt(examples[0].question))["input_ids"])
+    prompt_len = len(tokenizer(SeedsR1.prompt(examples[0].question, EnvConfig()))["input_ids"])
     venv = SearchVectorEnv(retriever, tokenizer=tokenizer, num_envs=1)
     cap = prompt_len + 8 + 1 + 20  # the first turn fits, the snapshot then leaves no room for another
     config = RolloutConfig(max_turn_tokens=8, max_context_tokens=cap, temperature=0.0)

@@ -9,6 +9,7 @@ every env action and observation, and the env's summary.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -21,6 +22,7 @@ from envs.retrieval.corpus import load_corpus
 from envs.retrieval.defaults import open_retriever
 from envs.retrieval.encoders import load_encoder
 from envs.retrieval.index import build_index
+from envs.typed_config import read_recipe
 from envs.vector_env import SearchVectorEnv
 from inference import evaluate as ev
 from inference.backends.hf import HFBackend
@@ -76,7 +78,7 @@ def files(tmp_path_factory):
     return root
 
 
-def evaluate(files, backend, monkeypatch, options: dict) -> list[dict]:
+def evaluate(files, backend, monkeypatch, options: dict, env: dict) -> list[dict]:
     """``python -m inference.evaluate --method seeds-r1 ...`` with ``backend`` as the LLM."""
     monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: backend)
     out = files / "run"
@@ -84,18 +86,22 @@ def evaluate(files, backend, monkeypatch, options: dict) -> list[dict]:
             "--env-config", str(files / "env.yaml"), "--llm", "hf:tiny", "--out", str(out), "--overwrite"]
     for key, value in options.items():
         argv += ["--method-option", f"{key}={value}"]
+    for key, value in env.items():
+        argv += ["--env", f"{key}={value}"]
     assert ev.main(argv) == 0
     return load_predictions(out / "predictions.jsonl")
 
 
-def rollout(files, backend, tokenizer, method: SeedsR1) -> tuple[list, RecordingEnv]:
+def rollout(files, backend, tokenizer, method: SeedsR1, env: dict) -> tuple[list, RecordingEnv]:
     """The same questions through ``collect_rollouts``, the env built as the trainer should build it."""
-    env_config = method.env_config(EnvConfig.from_yaml(files / "env.yaml"))
+    env_config = EnvConfig.from_dict({**read_recipe(files / "env.yaml"), **env})
     venv = RecordingEnv(open_retriever(str(files / "index")), num_envs=len(QUESTIONS), config=env_config,
                         tokenizer=tokenizer)
     config = RolloutConfig(max_turn_tokens=method.max_tokens, temperature=0.0, seed=0,
                            force_answer=method.force_answer)
-    return collect_rollouts(backend, venv, load_qa(str(files / "qa.jsonl")), config, method.prompt), venv
+    episodes = collect_rollouts(backend, venv, load_qa(str(files / "qa.jsonl")), config,
+                                functools.partial(method.prompt, env=env_config))
+    return episodes, venv
 
 
 @pytest.mark.parametrize("policy, force_answer, max_actions, expand_form", [
@@ -106,11 +112,11 @@ def rollout(files, backend, tokenizer, method: SeedsR1) -> tuple[list, Recording
 def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random_lm, script_lm,  # noqa: F811
                                                        monkeypatch, policy, force_answer, max_actions, expand_form):
     model = random_lm if policy == "random" else script_lm
-    options = {"max_tokens": 12, "max_actions": max_actions, "force_answer": force_answer,
-               "expand_form": expand_form}
+    options = {"max_tokens": 12, "force_answer": force_answer}
+    env = {"max_actions": max_actions, "expand_form": expand_form}
     recorder = RecordingBackend(model, tokenizer)
-    evaluated = {r["id"]: r for r in evaluate(files, recorder, monkeypatch, options)}
-    episodes, venv = rollout(files, HFBackend(model, tokenizer), tokenizer, SeedsR1(**options))
+    evaluated = {r["id"]: r for r in evaluate(files, recorder, monkeypatch, options, env)}
+    episodes, venv = rollout(files, HFBackend(model, tokenizer), tokenizer, SeedsR1(**options), env)
     observations = []
     for slot, episode in enumerate(episodes):
         record = evaluated[episode.example_id]
@@ -150,10 +156,10 @@ def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random
 def test_forced_answer_tokens_in_a_rollout(script_lm, tokenizer, retriever, examples):  # noqa: F811
     """With one action left after the search, the rollout steps ``<expand>none</expand>`` and
     writes ``<answer>``, both as prompt tokens; the model fills in the answer and its EOS."""
-    method = SeedsR1(max_actions=3, force_answer=True)
-    venv = SearchVectorEnv(retriever, num_envs=1, config=method.env_config(EnvConfig()), tokenizer=tokenizer)
+    env = SeedsR1().env_config({"max_actions": 3})
+    venv = SearchVectorEnv(retriever, num_envs=1, config=env, tokenizer=tokenizer)
     config = RolloutConfig(max_turn_tokens=8, temperature=0.0, force_answer=True)
-    (episode,) = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:1], config, method.prompt)
+    (episode,) = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:1], config)
     assert episode.finish_reason == "answer" and episode.info["answer"] == "Paris"
     assert episode.info["n_actions"] == 3 and episode.info["reward"]["total"] == episode.reward
     turn = [t for t, turn_id in enumerate(episode.turn_ids) if turn_id == 1]  # the forced turn
@@ -163,9 +169,9 @@ def test_forced_answer_tokens_in_a_rollout(script_lm, tokenizer, retriever, exam
     assert tokenizer.decode(model) == " Paris</answer></s>" and model[-1] == tokenizer.eos_token_id
     assert [episode.loss_mask[t] for t in turn] == sorted(episode.loss_mask[t] for t in turn)  # prompt, then model
     # Without forcing (the default) the same policy opens candidate 1 and answers by itself.
-    unforced_env = SearchVectorEnv(retriever, num_envs=1, config=method.env_config(EnvConfig()), tokenizer=tokenizer)
+    unforced_env = SearchVectorEnv(retriever, num_envs=1, config=env, tokenizer=tokenizer)
     (plain,) = collect_rollouts(HFBackend(script_lm, tokenizer), unforced_env, examples[:1],
-                                RolloutConfig(max_turn_tokens=8, temperature=0.0), method.prompt)
+                                RolloutConfig(max_turn_tokens=8, temperature=0.0))
     assert plain.finish_reason == "answer" and plain.num_turns == 3 and plain.info["docs_read"] == 1
     assert RolloutConfig().force_answer is SeedsR1().force_answer is False  # one default
 

@@ -8,7 +8,6 @@ from fake_llm import FakeLLM, prompt_text
 
 import methods
 import methods.seek  # registers "seek"
-from envs.config import EnvConfig
 from envs.types import QAExample
 from methods.llm import Completion, GenerationResult
 from methods.runner import run_questions_sync
@@ -65,7 +64,7 @@ def scripted(judge=("no",), update=("keep",), sketch=None, refine=None, subquery
 def run(respond, examples=(QUESTION,), llm=None, **options):
     llm = llm or FakeLLM(respond)
     retriever = OverlapRetriever()
-    records = run_questions_sync(methods.get("seek", **options), list(examples), llm, retriever, EnvConfig())
+    records = run_questions_sync(methods.get("seek", **options), list(examples), llm, retriever)
     return records, llm, retriever
 
 
@@ -121,7 +120,7 @@ def test_round_cap_holds_and_the_partial_sketch_is_answered():
     assert record["method_stats"]["slots_filled"] == 2 and len(retriever.calls) == 2
     assert record["finish_reason"] == "answered"
     assert prompts_tagged(record, "answer")[0].count("[to be filled]") == 1
-    assert Seek(max_rounds=2).env_config(EnvConfig()).max_searches == 2
+    assert Seek(max_rounds=2).env_config().max_searches == 2
 
 
 def test_extra_gists_are_dropped_and_noted():
@@ -218,7 +217,7 @@ def test_no_iter_retrieval_fills_every_slot_from_one_question_retrieval():
     docs = [p.split("Documents:")[1] for p in refines]
     assert docs[0] == docs[1] == docs[2] and docs[0].count("Doc ") == 5
     assert record["method_stats"]["rounds"] == 1 and record["method_stats"]["slots_filled"] == 3
-    assert Seek(variant="no_iter_retrieval").env_config(EnvConfig()).max_searches == 1
+    assert Seek(variant="no_iter_retrieval").env_config().max_searches == 1
 
 
 def test_no_initialization_summarises_until_sufficient_without_a_sketch():
@@ -306,10 +305,10 @@ def test_options_are_validated():
         Seek(admission="topk")
     with pytest.raises(ValueError):
         Seek(max_rounds=0)
-    config = Seek(admission="preview", k=3).env_config(EnvConfig())
+    config = Seek(admission="preview").env_config({"candidates_per_search": 3})
     assert (config.admission, config.candidates_per_search, config.max_searches, config.max_actions) == (
         "preview", 3, 10, 21)
-    assert Seek(variant="parallel_filling", max_slots=5).env_config(EnvConfig()).max_searches == 5
+    assert Seek(variant="parallel_filling", max_slots=5).env_config().max_searches == 5
 
 
 def test_parse_gists_is_tolerant():

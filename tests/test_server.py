@@ -1,81 +1,70 @@
-"""Retrieval server and client: endpoints and shapes, refusals, micro-batching without cross-talk,
-RemoteRetriever = local Retriever, retries, and a SearchEnv episode over HTTP.
+"""Retrieval server (FastAPI app, uvicorn engine): endpoints and shapes through FastAPI's test
+client, validation and caps (4xx naming the reason), the bearer token, the command line's
+refusal of an open non-loopback server, and the asyncio batcher (whole requests, one call per k).
 
-Everything runs on loopback against a tiny hash-encoder index built in tmp_path; servers bind
-port 0 and run in a background thread.
+Client-side behaviour over a real socket (RemoteRetriever, concurrency, retries) is in
+tests/test_remote.py; the Ray Serve engine in tests/test_server_ray.py.
 """
 from __future__ import annotations
 
-import argparse
+import asyncio
 import json
-import socket
 import threading
-import time
 
 import httpx
 import pytest
-from test_retriever import TEXTS, index_dir, private_cache, write_corpus  # noqa: F401,F811  (shared fixtures)
+from fastapi.testclient import TestClient
+from server_helpers import (  # noqa: F401  (fixtures)
+    QUERIES,
+    TEXTS,
+    FlakyRetriever,
+    StubRetriever,
+    as_json,
+    index_dir,
+    local,
+    private_cache,
+    reference,
+    serve,
+)
 
-from envs.config import EnvConfig
-from envs.retrieval.defaults import open_retriever
+from envs.retrieval.batching import AsyncBatcher
 from envs.retrieval.remote import RemoteRetrievalError, RemoteRetriever
-from envs.retrieval.retriever import Retriever
-from envs.retrieval.server import MicroBatcher, RetrievalServer, ServerLimits
+from envs.retrieval.server import RetrievalServer, ServerLimits, uvicorn_app
 from envs.retrieval.server import main as server_main
-from envs.search_env import SearchEnv
-from envs.types import Hit, QAExample
+from envs.types import Hit
 
-QUERIES = ["capital of Japan", "river Spree", "highest mountain", "currency of France", "Danube Vienna",
-           "largest city", "English Channel", "Austria capital"]
+LIMITS = {"max_queries_per_request": 4, "max_k": 6, "max_body_bytes": 2000, "max_query_chars": 100}
 
 
 @pytest.fixture
-def local(index_dir):
-    return Retriever.from_dir(index_dir, device="cpu")
+def app(local):
+    return uvicorn_app(local, ServerLimits(**LIMITS))
 
 
 @pytest.fixture
-def reference(index_dir):
-    """A second, independent retriever over the same index: the expected answers."""
-    return Retriever.from_dir(index_dir, device="cpu")
-
-
-def serve(retriever, **limits) -> RetrievalServer:
-    return RetrievalServer(retriever, "127.0.0.1", 0, ServerLimits(**limits)).start()
-
-
-@pytest.fixture
-def server(local):
-    with serve(local, max_queries_per_request=4, max_k=6, max_body_bytes=2000) as running:
-        yield running
-
-
-@pytest.fixture
-def http(server):
-    with httpx.Client(base_url=server.url, trust_env=False, timeout=10) as client:
-        yield client
-
-
-def as_json(hit: Hit) -> dict:
-    return {"id": hit.id, "title": hit.title, "text": hit.text, "score": hit.score, "rank": hit.rank, "row": hit.row}
+def client(app):
+    with TestClient(app) as test_client:
+        yield test_client
 
 
 # ------------------------------------------------------------------------------ endpoints
 
 
-def test_search_round_trip(http, reference):
-    response = http.post("/search", json={"queries": ["capital of Japan", "river Spree"], "k": 3})
+def test_search_round_trip(client, reference):
+    response = client.post("/search", json={"queries": ["capital of Japan", "river Spree"], "k": 3})
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     results = response.json()["results"]
     expected = reference.search(["capital of Japan", "river Spree"], 3)
     assert results == [[as_json(h) for h in hits] for hits in expected]
     assert results[0][0]["title"] == "Tokyo" and [h["rank"] for h in results[0]] == [1, 2, 3]
+    assert len(client.post("/search", json={"queries": ["capital"]}).json()["results"][0]) == 5  # k defaults to 5
+    assert client.post("/search", json={"queries": []}).json() == {"results": []}
 
 
-def test_retrieve_has_search_r1_shape(http, reference):
+def test_retrieve_has_search_r1_shape(client, reference):
     """What Search-R1's agent reads: result[q][i]['document']['contents'] = '"Title"\\ntext'."""
     body = {"queries": ["capital of Japan", "river Spree"], "topk": 2, "return_scores": True}
-    result = http.post("/retrieve", json=body).json()["result"]
+    result = client.post("/retrieve", json=body).json()["result"]
     expected = reference.search(body["queries"], 2)
     assert len(result) == 2 and all(len(docs) == 2 for docs in result)
     for docs, hits in zip(result, expected):
@@ -86,50 +75,67 @@ def test_retrieve_has_search_r1_shape(http, reference):
     contents = result[0][0]["document"]["contents"]  # Search-R1's _passages2string
     assert contents.split("\n")[0].strip('"') == "Tokyo" and "\n".join(contents.split("\n")[1:]) == TEXTS[2][1]
 
-    bare = http.post("/retrieve", json={"queries": ["capital of Japan"], "topk": 2}).json()["result"]
+    bare = client.post("/retrieve", json={"queries": ["capital of Japan"], "topk": 2}).json()["result"]
     assert bare == [[r["document"] for r in result[0]]]  # return_scores false: the documents alone
-    assert len(http.post("/retrieve", json={"queries": ["capital of Japan"]}).json()["result"][0]) == 3  # topk 3
-    empty = http.post("/retrieve", json={"queries": ["", "river Spree"], "topk": 1}).json()["result"]
+    assert len(client.post("/retrieve", json={"queries": ["capital of Japan"]}).json()["result"][0]) == 3  # topk 3
+    null_topk = client.post("/retrieve", json={"queries": ["capital of Japan"], "topk": None}).json()["result"]
+    assert len(null_topk[0]) == 3
+    empty = client.post("/retrieve", json={"queries": ["", "river Spree"], "topk": 1}).json()["result"]
     assert empty[0] == [] and len(empty[1]) == 1  # an empty <search></search> does not fail the batch
-    assert http.post("/retrieve", json={"queries": []}).json() == {"result": []}
+    assert client.post("/retrieve", json={"queries": []}).json() == {"result": []}
 
 
-def test_passages_by_row(http, local):
-    passages = http.post("/passages", json={"rows": [3, 0, 3]}).json()["passages"]
+def test_passages_by_row(client, local):
+    passages = client.post("/passages", json={"rows": [3, 0, 3]}).json()["passages"]
     assert passages == [{"row": p.row, "id": p.id, "title": p.title, "text": p.text}
                         for p in local.corpus.get_many([3, 0, 3])]
 
 
-def test_health_reports_index_limits_and_counters(http, server):
-    http.post("/search", json={"queries": ["capital"], "k": 1})
-    health = http.get("/health").json()
-    assert health["status"] == "ok" and health["passages"] == len(TEXTS)
-    assert health["encoder"] == "hash" and health["index_type"] == "Flat" and health["dim"] == 512
+def test_health_reports_index_limits_and_counters(client, app):
+    client.post("/search", json={"queries": ["capital"], "k": 1})
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["engine"] == "uvicorn" and health["auth"] == "none"
+    assert health["passages"] == len(TEXTS) and health["encoder"] == "hash"
+    assert health["index_type"] == "Flat" and health["dim"] == 512
     assert health["max_batch"] == 256 and health["max_queries_per_request"] == 4 and health["max_k"] == 6
+    assert health["max_query_chars"] == 100 and health["max_body_bytes"] == 2000
     served = health["served"]
     assert served["requests_search"] == 1 and served["queries"] == 1 and served["batches"] == 1
-    assert served["retriever_calls"] == 1
+    assert served["retriever_calls"] == 1 and app.state.served()["requests_health"] == 1
+
+
+def test_docs_show_the_models_and_their_caps(client):
+    schema = client.get("/openapi.json").json()
+    assert {"/search", "/retrieve", "/passages", "/health"} <= set(schema["paths"])
+    search = schema["components"]["schemas"]["SearchRequest"]["properties"]
+    assert search["queries"]["maxItems"] == 4 and search["queries"]["items"]["maxLength"] == 100
+    assert search["k"]["maximum"] == 6 and search["k"]["minimum"] == 1
+    assert client.get("/docs").status_code == 200
 
 
 BAD_REQUESTS = [
     ("POST", "/search", b"{not json", 400, "not valid JSON"),
     ("POST", "/search", b"[1, 2]", 400, "JSON object"),
-    ("POST", "/search", b'{"queries": ["a"], "k": NaN}', 400, "not valid JSON"),
+    ("POST", "/search", b"", 400, "JSON body is required"),
+    ("POST", "/search", b'{"queries": ["a"], "k": NaN}', 400, "k: Input should be a valid integer"),
     ("POST", "/search", json.dumps({"k": 2}).encode(), 400, "missing field 'queries'"),
-    ("POST", "/search", json.dumps({"queries": "capital"}).encode(), 400, "must be a list"),
-    ("POST", "/search", json.dumps({"queries": ["ok", 3]}).encode(), 400, "queries[1] must be a string"),
+    ("POST", "/search", json.dumps({"queries": "capital"}).encode(), 400, "queries: Input should be a valid list"),
+    ("POST", "/search", json.dumps({"queries": ["ok", 3]}).encode(), 400, "queries[1]: Input should be a valid str"),
     ("POST", "/search", json.dumps({"queries": ["ok", "  "]}).encode(), 400, "queries[1] is empty"),
-    ("POST", "/search", json.dumps({"queries": ["a"], "k": 0}).encode(), 400, "positive integer"),
-    ("POST", "/search", json.dumps({"queries": ["a"], "k": "3"}).encode(), 400, "positive integer"),
-    ("POST", "/search", json.dumps({"queries": ["a"], "k": True}).encode(), 400, "positive integer"),
-    ("POST", "/search", json.dumps({"queries": ["a"], "k": 7}).encode(), 400, "cap of 6"),
-    ("POST", "/search", json.dumps({"queries": ["a"] * 5, "k": 1}).encode(), 413, "cap is 4"),
-    ("POST", "/search", json.dumps({"queries": ["x" * 3000]}).encode(), 413, "cap of 2000 bytes"),
-    ("POST", "/retrieve", json.dumps({"queries": ["a"], "topk": -1}).encode(), 400, "positive integer"),
-    ("POST", "/retrieve", json.dumps({"queries": ["a"], "return_scores": "yes"}).encode(), 400, "true or false"),
-    ("POST", "/passages", json.dumps({"rows": [99]}).encode(), 400, "out of range"),
-    ("POST", "/passages", json.dumps({"rows": ["1"]}).encode(), 400, "must be an integer"),
-    ("POST", "/nowhere", b"{}", 404, "unknown path"),
+    ("POST", "/search", json.dumps({"queries": ["a"], "k": 0}).encode(), 400, "k: Input should be greater than"),
+    ("POST", "/search", json.dumps({"queries": ["a"], "k": "3"}).encode(), 400, "k: Input should be a valid int"),
+    ("POST", "/search", json.dumps({"queries": ["a"], "k": True}).encode(), 400, "k: Input should be a valid int"),
+    ("POST", "/search", json.dumps({"queries": ["a"], "k": 7}).encode(), 400, "k=7 is over the server's cap max_k=6"),
+    ("POST", "/search", json.dumps({"queries": ["a"] * 5, "k": 1}).encode(), 413, "cap max_queries_per_request=4"),
+    ("POST", "/search", json.dumps({"queries": ["x" * 101]}).encode(), 413,
+     "queries[0]: 101 characters in one query is over the server's cap max_query_chars=100"),
+    ("POST", "/search", json.dumps({"queries": ["x" * 3000]}).encode(), 413, "cap max_body_bytes=2000"),
+    ("POST", "/retrieve", json.dumps({"queries": ["a"], "topk": -1}).encode(), 400, "topk: Input should be greater"),
+    ("POST", "/retrieve", json.dumps({"queries": ["a"], "return_scores": "yes"}).encode(), 400, "valid boolean"),
+    ("POST", "/retrieve", json.dumps({"queries": ["a"], "topk": 9}).encode(), 400, "topk=9 is over"),
+    ("POST", "/passages", json.dumps({"rows": [99]}).encode(), 400, "rows[0]=99 is out of range"),
+    ("POST", "/passages", json.dumps({"rows": ["1"]}).encode(), 400, "rows[0]: Input should be a valid integer"),
+    ("POST", "/nowhere", b"{}", 404, "unknown path /nowhere"),
     ("GET", "/", None, 404, "unknown path"),
     ("GET", "/search", None, 405, "takes POST"),
     ("DELETE", "/search", None, 405, "takes POST"),
@@ -139,70 +145,190 @@ BAD_REQUESTS = [
 
 @pytest.mark.parametrize("method,path,body,status,reason", BAD_REQUESTS,
                          ids=[f"{m} {p} {s} {r}" for m, p, _, s, r in BAD_REQUESTS])
-def test_bad_requests_get_4xx_with_a_reason(http, server, method, path, body, status, reason):
-    response = http.request(method, path, content=body)
+def test_bad_requests_get_4xx_with_a_reason(client, app, method, path, body, status, reason):
+    response = client.request(method, path, content=body)  # no Content-Type: read as JSON all the same
     assert response.status_code == status
     assert reason in response.json()["error"]
-    assert http.get("/health").status_code == 200  # still serving, on this or a new connection
-    assert server.served()["errors_4xx"] == 1
+    assert client.get("/health").status_code == 200
+    assert app.state.served()["errors_4xx"] == 1
 
 
-def test_request_without_content_length_is_refused(server):
-    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-        sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\n\r\n")
-        reply = sock.recv(4096).decode()
-    assert reply.startswith("HTTP/1.1 411") and "Content-Length" in reply
+def test_a_two_million_character_query_is_refused_naming_the_cap(local):
+    """Default caps: the body cap (4 MiB) lets a 2,000,000-character query through; the query cap does not."""
+    with TestClient(uvicorn_app(local)) as default_client:
+        response = default_client.post("/search", json={"queries": ["x" * 2_000_000]})
+        assert response.status_code == 413 and "max_query_chars=4096" in response.json()["error"]
+        assert default_client.get("/health").json()["max_query_chars"] == 4096
 
 
-class FlakyRetriever:
-    """Fails its first ``failures`` searches, then answers like ``inner``."""
+def test_a_chunked_body_over_the_cap_is_refused(local):
+    def chunks():
+        for _ in range(10):
+            yield b'{"queries": ["' + b"x" * 400
 
-    def __init__(self, inner, failures=1):
-        self.inner, self.corpus, self.failures, self.calls = inner, inner.corpus, failures, 0
-
-    def search(self, queries, k):
-        self.calls += 1
-        if self.calls <= self.failures:
-            raise RuntimeError("index shard went away")
-        return self.inner.search(queries, k)
+    with serve(local, **LIMITS) as running, httpx.Client(base_url=running.url, trust_env=False) as http:
+        response = http.post("/search", content=chunks())  # no Content-Length: Transfer-Encoding chunked
+        assert response.status_code == 413 and "max_body_bytes=2000" in response.json()["error"]
+        assert http.get("/health").status_code == 200
 
 
 def test_retriever_failure_is_a_500_and_the_server_keeps_running(local):
-    with serve(FlakyRetriever(local)) as running, httpx.Client(base_url=running.url, trust_env=False) as http:
-        failed = http.post("/search", json={"queries": ["capital"], "k": 1})
+    app = uvicorn_app(FlakyRetriever(local))
+    with TestClient(app) as flaky:
+        failed = flaky.post("/search", json={"queries": ["capital"], "k": 1})
         assert failed.status_code == 500 and "index shard went away" in failed.json()["error"]
-        assert http.post("/search", json={"queries": ["capital"], "k": 1}).status_code == 200
-        assert running.served()["errors_5xx"] == 1 and running.served()["failed_batches"] == 1
+        assert flaky.post("/search", json={"queries": ["capital"], "k": 1}).status_code == 200
+        assert app.state.served()["errors_5xx"] == 1 and app.state.served()["failed_batches"] == 1
 
 
-def test_binding_elsewhere_than_loopback_warns(monkeypatch, capsys):
-    def stop(self):
-        raise KeyboardInterrupt
+# ------------------------------------------------------------------------------ the token
 
-    monkeypatch.setattr("envs.retrieval.server.open_retriever", lambda *a, **kw: FlakyRetriever(local_stub(), 0))
-    monkeypatch.setattr(RetrievalServer, "serve_forever", stop)
-    assert server_main(["--host", "0.0.0.0", "--port", "0"]) == 0
+
+def test_every_endpoint_wants_the_token(local, reference):
+    app = uvicorn_app(local, token="s3cret")
+    with TestClient(app) as protected:
+        for method, path, body in [("POST", "/search", {"queries": ["a"]}), ("POST", "/retrieve", {"queries": ["a"]}),
+                                   ("POST", "/passages", {"rows": [0]}), ("GET", "/health", None),
+                                   ("GET", "/nowhere", None)]:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+                refused = protected.request(method, path, json=body, headers=headers)
+                assert refused.status_code == 401, (path, headers)
+                assert "token" in refused.json()["error"] and refused.headers["www-authenticate"] == "Bearer"
+        ok = protected.post("/search", json={"queries": ["capital of Japan"], "k": 2},
+                            headers={"Authorization": "Bearer s3cret"})
+        assert ok.json()["results"] == [[as_json(h) for h in reference.search(["capital of Japan"], 2)[0]]]
+        assert protected.get("/openapi.json").status_code == 200  # the API's description is public
+        assert protected.get("/health", headers={"Authorization": "Bearer s3cret"}).json()["auth"] == "bearer"
+
+
+def test_remote_retriever_sends_the_token_from_argument_or_environment(local, reference, monkeypatch):
+    with serve(local, token="s3cret") as running:
+        with pytest.raises(RemoteRetrievalError, match="bearer token") as caught:
+            RemoteRetriever(running.url, retries=0).search(["capital"], 2)
+        assert caught.value.status == 401
+        with RemoteRetriever(running.url, token="s3cret") as remote:
+            assert remote.search(["capital of Japan"], 3) == reference.search(["capital of Japan"], 3)
+        monkeypatch.setenv("SEEDS_RETRIEVAL_TOKEN", "s3cret")
+        with RemoteRetriever(running.url) as remote:  # as PPO and evaluation open it: open_retriever(url)
+            assert remote.corpus[1] == reference.corpus[1]
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+@pytest.fixture
+def no_serving(monkeypatch):
+    """main() as far as serve_forever, with a stub index; records the servers it built."""
+    built = []
+    monkeypatch.setattr("envs.retrieval.server.open_retriever", lambda *a, **kw: StubRetriever())
+    monkeypatch.setattr(RetrievalServer, "serve_forever", lambda self: built.append(self))
+    monkeypatch.delenv("SEEDS_RETRIEVAL_TOKEN", raising=False)
+    yield built
+    for server in built:
+        server.close()
+
+
+def test_an_open_non_loopback_server_is_refused_unless_insecure(no_serving, monkeypatch, capsys):
+    with pytest.raises(SystemExit, match="without a token"):
+        server_main(["--host", "0.0.0.0", "--port", "0"])
+    assert no_serving == []
+    assert server_main(["--host", "0.0.0.0", "--port", "0", "--insecure"]) == 0
     assert "WARNING" in capsys.readouterr().err
-    assert server_main(["--port", "0"]) == 0
+    assert server_main(["--host", "0.0.0.0", "--port", "0", "--token", "t"]) == 0
+    monkeypatch.setenv("SEEDS_RETRIEVAL_TOKEN", "from-env")
+    assert server_main(["--host", "0.0.0.0", "--port", "0"]) == 0
+    assert server_main(["--port", "0"]) == 0  # loopback: no token needed
     assert "WARNING" not in capsys.readouterr().err
+    assert [s.app.state.batcher is not None for s in no_serving] == [True] * 4
+    with pytest.raises(SystemExit, match="max_query_chars"):
+        server_main(["--max-query-chars", "0"])
 
 
-def local_stub():
-    class Stub:
-        corpus = []
+# ------------------------------------------------------------------------------ the asyncio batcher
+
+
+class GatedRecorder:
+    """Records each search's (size, k); its first call waits until ``gate`` is set."""
+
+    corpus = []
+
+    def __init__(self):
+        self.calls, self.gate, self.entered = [], threading.Event(), threading.Event()
+
+    def search(self, queries, k):
+        self.entered.set()
+        self.gate.wait(10)
+        self.calls.append((len(queries), k))
+        return [[Hit(0, q, q, q, 1.0, r) for r in range(1, k + 1)] for q in queries]
+
+
+def run_jobs(batcher: AsyncBatcher, jobs, recorder) -> list:
+    """Submit ``jobs`` [(queries, k)] at once; the worker is held on the first until all queue up."""
+
+    async def go():
+        first = asyncio.create_task(batcher.search(*jobs[0]))
+        assert await asyncio.to_thread(recorder.entered.wait, 10)  # the worker holds the first job
+        rest = [asyncio.create_task(batcher.search(q, k)) for q, k in jobs[1:]]
+        await asyncio.sleep(0.01)  # every request is in the queue
+        recorder.gate.set()
+        out = await asyncio.gather(first, *rest)
+        await batcher.close()
+        return out
+
+    return asyncio.run(go())
+
+
+def test_batches_hold_whole_requests_within_max_batch():
+    recorder = GatedRecorder()
+    jobs = [([f"q{i}a", f"q{i}b", f"q{i}c"], 2) for i in range(10)]
+    batcher = AsyncBatcher(recorder, max_batch=7, max_wait_ms=0)
+    out = run_jobs(batcher, jobs, recorder)
+    assert [size for size, _ in recorder.calls] == [3, 6, 6, 6, 6, 3]  # the held first, then 2 whole requests
+    for i, hits in enumerate(out):
+        assert [[h.id for h in row] for row in hits] == [[f"q{i}{c}"] * 2 for c in "abc"]
+    assert batcher.stats.as_dict()["batches"] == 6 and batcher.stats.largest_batch == 6
+
+
+def test_a_batch_makes_one_call_per_distinct_k():
+    recorder = GatedRecorder()
+    jobs = [(["first"], 1)] + [([f"q{i}"], 1 + i % 2) for i in range(6)]
+    out = run_jobs(AsyncBatcher(recorder, max_batch=100, max_wait_ms=0), jobs, recorder)
+    assert recorder.calls == [(1, 1), (3, 1), (3, 2)]
+    for i in range(6):
+        assert [h.rank for h in out[i + 1][0]] == list(range(1, 2 + i % 2)) and out[i + 1][0][0].id == f"q{i}"
+
+
+def test_max_batch_one_answers_one_request_at_a_time():
+    recorder = GatedRecorder()
+    jobs = [([f"q{i}"], 2) for i in range(5)]
+    run_jobs(AsyncBatcher(recorder, max_batch=1, max_wait_ms=50), jobs, recorder)
+    assert recorder.calls == [(1, 2)] * 5
+
+
+def test_a_failed_call_fails_only_its_own_requests(local):
+    class FailsOnK3:
+        corpus = local.corpus
 
         def search(self, queries, k):
-            return [[] for _ in queries]
+            if k == 3:
+                raise RuntimeError("k=3 broke")
+            return local.search(queries, k)
 
-    return Stub()
+    async def go(batcher):
+        results = await asyncio.gather(batcher.search(["capital"], 2), batcher.search(["river"], 3),
+                                       return_exceptions=True)
+        await batcher.close()
+        return results
 
-
-# ------------------------------------------------------------------------------ micro-batching
+    batcher = AsyncBatcher(FailsOnK3(), max_batch=10, max_wait_ms=200)
+    ok, failed = asyncio.run(go(batcher))
+    assert ok == local.search(["capital"], 2) and isinstance(failed, RuntimeError)
+    assert batcher.stats.failed_batches == 1 and batcher.stats.batches == 2
 
 
 def test_concurrent_clients_get_their_own_results_in_fewer_retriever_calls(local, reference):
-    """16 clients at once, each with its own query and k: each gets exactly its own hits, and the
-    worker answered them with fewer retriever calls than requests."""
+    """16 clients at once over uvicorn, each with its own query and k: each gets exactly its own
+    hits, and the batcher answered them with fewer retriever calls than requests."""
     clients = 16
     queries = [f"{QUERIES[i % len(QUERIES)]} {TEXTS[i % len(TEXTS)][0]}" for i in range(clients)]
     ks = [1 + i % 5 for i in range(clients)]
@@ -228,199 +354,3 @@ def test_concurrent_clients_get_their_own_results_in_fewer_retriever_calls(local
     assert served["requests_search"] == clients
     assert served["batches"] < clients and served["retriever_calls"] < clients
     assert served["largest_batch"] > 2
-
-
-def test_max_batch_one_serves_one_request_at_a_time(local):
-    with serve(local, max_batch=1, max_wait_ms=500) as running:
-        remote = RemoteRetriever(running.url)
-        threads = [threading.Thread(target=remote.search, args=([q], 2)) for q in QUERIES]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert running.served()["batches"] == len(QUERIES) and running.served()["largest_batch"] == 1
-        remote.close()
-
-
-class GatedRecorder:
-    """Records each search's (size, k); its first call waits until ``release()``."""
-
-    corpus = []
-
-    def __init__(self):
-        self.calls, self.gate, self.entered = [], threading.Event(), threading.Event()
-
-    def search(self, queries, k):
-        self.entered.set()
-        self.gate.wait(10)
-        self.calls.append((len(queries), k))
-        return [[Hit(0, q, q, q, 1.0, r) for r in range(1, k + 1)] for q in queries]
-
-
-def run_jobs(batcher, jobs, recorder):
-    """Submit ``jobs`` [(queries, k)] at once; the worker is held on the first until all queue up."""
-    out: dict[int, list] = {}
-    threads = [threading.Thread(target=lambda i=i, q=q, k=k: out.__setitem__(i, batcher.search(q, k)))
-               for i, (q, k) in enumerate(jobs)]
-    threads[0].start()
-    assert recorder.entered.wait(10)  # the worker holds the first job inside search()
-    for thread in threads[1:]:
-        thread.start()
-    deadline = time.monotonic() + 10
-    while batcher._queue.qsize() < len(jobs) - 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    recorder.gate.set()
-    for thread in threads:
-        thread.join()
-    batcher.close()
-    return out
-
-
-def test_batches_hold_whole_requests_within_max_batch():
-    recorder = GatedRecorder()
-    jobs = [([f"q{i}a", f"q{i}b", f"q{i}c"], 2) for i in range(10)]
-    out = run_jobs(MicroBatcher(recorder, max_batch=7, max_wait_ms=0), jobs, recorder)
-    sizes = [size for size, _ in recorder.calls]
-    assert sizes == [3, 6, 6, 6, 6, 3]  # the held first, then two whole requests (6 <= 7) per call
-    for i, hits in out.items():
-        assert [[h.id for h in row] for row in hits] == [[f"q{i}{c}"] * 2 for c in "abc"]
-
-
-def test_a_batch_makes_one_call_per_distinct_k():
-    recorder = GatedRecorder()
-    jobs = [(["first"], 1)] + [([f"q{i}"], 1 + i % 2) for i in range(6)]
-    out = run_jobs(MicroBatcher(recorder, max_batch=100, max_wait_ms=0), jobs, recorder)
-    assert recorder.calls == [(1, 1), (3, 1), (3, 2)]
-    for i in range(6):
-        assert [h.rank for h in out[i + 1][0]] == list(range(1, 2 + i % 2)) and out[i + 1][0][0].id == f"q{i}"
-
-
-# ------------------------------------------------------------------------------ the client
-
-
-def test_remote_retriever_returns_the_local_hits(server, reference):
-    remote = RemoteRetriever(server.url)
-    queries = QUERIES + QUERIES[:3]  # 11 queries: more than the server's cap of 4 per request
-    for k in (1, 3, 6):
-        assert remote.search(queries, k) == reference.search(queries, k)
-    assert server.served()["requests_search"] == 9  # 3 requests of at most 4 queries, per k
-    assert remote.search([], 3) == []
-    assert len(remote.corpus) == len(TEXTS)
-    assert remote.corpus[2] == reference.corpus[2] and remote.corpus[-1] == reference.corpus[len(TEXTS) - 1]
-    assert remote.corpus.get_many([5, 1, 5]) == reference.corpus.get_many([5, 1, 5])
-    with pytest.raises(IndexError):
-        remote.corpus[len(TEXTS)]
-    assert remote.health()["encoder"] == "hash"
-    remote.close()
-
-
-def test_a_refusal_raises_at_once_with_the_servers_reason(server, monkeypatch):
-    sleeps = []
-    monkeypatch.setattr("envs.retrieval.remote.time.sleep", sleeps.append)
-    remote = RemoteRetriever(server.url, retries=3)
-    with pytest.raises(RemoteRetrievalError, match="cap of 6") as caught:
-        remote.search(["capital"], 50)
-    assert caught.value.status == 400 and sleeps == []  # 4xx: no retry
-    with pytest.raises(RemoteRetrievalError, match="queries\\[0\\] is empty"):
-        remote.search([""], 2)
-    with pytest.raises(ValueError):
-        remote.search(["capital"], 0)
-
-
-def test_a_closed_port_fails_clearly_after_the_retries(monkeypatch):
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    sleeps = []
-    monkeypatch.setattr("envs.retrieval.remote.time.sleep", sleeps.append)
-    remote = RemoteRetriever(f"http://127.0.0.1:{port}", retries=2, backoff=0.01, timeout=2)
-    with pytest.raises(RemoteRetrievalError, match=r"after 3 attempt\(s\).*Connect") as caught:
-        remote.search(["capital"], 2)
-    assert caught.value.status is None
-    assert sleeps == [0.01, 0.02]  # exponential back-off between the attempts
-
-
-def test_server_errors_are_retried(local, reference, monkeypatch):
-    monkeypatch.setattr("envs.retrieval.remote.time.sleep", lambda s: None)
-    flaky = FlakyRetriever(local, failures=2)
-    with serve(flaky) as running:
-        remote = RemoteRetriever(running.url, retries=2)
-        assert remote.search(["capital of Japan"], 2) == reference.search(["capital of Japan"], 2)
-        assert flaky.calls == 3
-        flaky.calls, flaky.failures = 0, 5
-        with pytest.raises(RemoteRetrievalError, match="HTTP 500.*index shard went away"):
-            remote.search(["river Spree"], 2)
-
-
-def test_concurrency_is_bounded(server):
-    remote = RemoteRetriever(server.url, max_concurrency=2)
-    inside, peak, lock = [0], [0], threading.Lock()
-    real = remote._client.request
-
-    def counting(*args, **kwargs):
-        with lock:
-            inside[0] += 1
-            peak[0] = max(peak[0], inside[0])
-        try:
-            return real(*args, **kwargs)
-        finally:
-            with lock:
-                inside[0] -= 1
-
-    remote._client.request = counting
-    threads = [threading.Thread(target=remote.search, args=([q], 2)) for q in QUERIES * 2]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert 1 <= peak[0] <= 2
-
-
-# ------------------------------------------------------------------------------ wiring
-
-
-def test_search_env_episode_over_http_matches_local(server, reference):
-    example = QAExample("q", "What is the capital of Japan?", ("Tokyo",), positive_ids=("d2",))
-    config = EnvConfig(distractor_rate=0.5, shuffle_candidates=True)  # exercises corpus[row] remotely
-    actions = ["<search>capital of Japan</search>", "<expand>1, 2</expand>", "<answer>Tokyo</answer>"]
-
-    def episode(retriever):
-        env = SearchEnv(retriever, config=config)
-        steps = [env.reset(seed=7, options={"example": example})]
-        steps += [env.step(action) for action in actions]
-        return steps
-
-    remote = RemoteRetriever(server.url)
-    over_http, in_process = episode(remote), episode(reference)
-    assert over_http == in_process
-    assert over_http[-1][2] is True and over_http[-1][4]["episode"]["metrics"]["em"] == 1.0
-    assert server.served()["passages"] > 0  # distractors were read through /passages
-
-
-def test_open_retriever_specs(index_dir, server):
-    assert isinstance(open_retriever(server.url), RemoteRetriever)
-    assert isinstance(open_retriever(str(index_dir), device="cpu"), Retriever)
-    with pytest.raises(ValueError, match="cannot be given"):
-        open_retriever(server.url, corpus="corpus.jsonl")
-
-
-def test_evaluate_takes_a_retriever_url(server, index_dir):
-    from inference.evaluate import build_parser, load_retriever
-
-    args = build_parser().parse_args(["--method", "react", "--out", "x", "--retriever", server.url])
-    assert isinstance(load_retriever(args), RemoteRetriever)
-    args = build_parser().parse_args(["--method", "react", "--out", "x", "--index", server.url])
-    assert isinstance(load_retriever(args), RemoteRetriever)
-    args = argparse.Namespace(retriever=None, index=str(index_dir), corpus=None)
-    assert isinstance(load_retriever(args), Retriever)
-
-
-def test_training_configs_take_a_retriever_url(server):
-    from training.config import PPOConfig
-    from training.inputs import load_retriever as ppo_retriever
-    from training.sft import WarmStartConfig, warm_start_config
-    from training.sft import load_retriever as sft_retriever
-
-    assert isinstance(ppo_retriever(PPOConfig(retriever=server.url)), RemoteRetriever)
-    assert isinstance(sft_retriever(WarmStartConfig(retriever=server.url)), RemoteRetriever)
-    assert warm_start_config(PPOConfig(retriever=server.url, env_config=None)).retriever == server.url

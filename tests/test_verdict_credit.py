@@ -2,6 +2,7 @@
 candidate's selection term, as the exact advantage of a two-way choice (PPOConfig.verdict_credit)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -50,7 +51,7 @@ def test_rollout_records_each_verdicts_gap_at_its_token(script_lm, tokenizer, re
     env_config = EnvConfig(expand_form="judge", max_actions=4, max_searches=1, shuffle_candidates=True)
     venv = SearchVectorEnv(retriever, num_envs=4, config=env_config, tokenizer=tokenizer)
     config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, samples_per_question=4, seed=5)
-    prompt = SeedsR1(max_searches=1, max_actions=4, expand_form="judge").prompt
+    prompt = functools.partial(SeedsR1.prompt, env=env_config)
     episodes = collect_rollouts(HFBackend(script_lm, tokenizer), venv, examples[:3], config, prompt)
     yes = judge_token_ids(tokenizer)[0]
     kinds = set()

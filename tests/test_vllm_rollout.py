@@ -112,7 +112,7 @@ def engine_logprobs(backend, ids: list[int]) -> torch.Tensor:
 
 def fixed_sequence(tokenizer) -> list[int]:
     """A SEEDS-R1 prompt, a search turn and a snapshot: more than one 128-token KV block."""
-    text = (SeedsR1().prompt("What is the capital of France?") + "<search> capital France</search>\n"
+    text = (SeedsR1.prompt("What is the capital of France?", EnvConfig()) + "<search> capital France</search>\n"
             "<snapshot>\n[1] Paris: Paris is the capital and largest city of France.\n[2] France: France is a "
             "country in Western Europe.</snapshot>\n<expand> 1</expand>")
     ids = tokenizer(text)["input_ids"]

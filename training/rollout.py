@@ -52,12 +52,14 @@ give if it truncated there.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs.config import EnvConfig
 from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
 from envs.report import summarize_episodes
 from envs.rewards import RewardConfig
@@ -144,8 +146,9 @@ class RolloutConfig:
             raise ValueError("max_context_tokens must exceed max_turn_tokens")
 
 
-def default_prompt_fn() -> Callable[[str], str]:
-    return SeedsR1().prompt
+def default_prompt_fn(env: EnvConfig) -> Callable[[str], str]:
+    """The SEEDS-R1 prompt stating ``env``'s limits (the env the rollouts run in)."""
+    return functools.partial(SeedsR1.prompt, env=env)
 
 
 # ------------------------------------------------------------------------------ rollouts
@@ -192,7 +195,7 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     tokenizer=backend.tokenizer)``, as evaluation does); a warning says when it does not.
     """
     config = config or RolloutConfig()
-    prompt_fn = prompt_fn or default_prompt_fn()
+    prompt_fn = prompt_fn or default_prompt_fn(venv.config)
     tokenizer = backend.tokenizer
     if tokenizer is None:
         raise ValueError("token-in/token-out rollouts need a backend with a local tokenizer")

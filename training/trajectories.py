@@ -17,6 +17,7 @@ Trajectory record (``trajectories.jsonl``)::
 """
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from envs.types import QAExample
 from inference.backends import load_backend
 from methods.runner import run_questions_sync
 from methods.seeds import SeedsR1
+from methods.thinking import split_thinking
 
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
@@ -79,7 +81,7 @@ def example_of(record: dict) -> QAExample:
 def seeds_r1_prompt_fn(env_config: EnvConfig | None = None) -> Callable[[str], str]:
     """The SEEDS-R1 prompt stating ``env_config``'s limits and expand form: the one the PPO trainer
     and the SFT warm start prompt the policy with in that env."""
-    return SeedsR1.for_env(env_config or EnvConfig()).prompt
+    return functools.partial(SeedsR1.prompt, env=env_config or EnvConfig())
 
 
 def seeds_r1_prompt(question: str, env_config: EnvConfig | None = None) -> str:
@@ -156,12 +158,16 @@ def play_actions(example: QAExample, model_texts: Sequence[str], retriever: Any,
 # ================================================================================ method teacher
 
 def method_teacher(name: str, options: dict | None = None):
-    """The registered method ``name`` with the SEEDS-R1 limits (K=5, expand <= 5, 4 searches, 10 actions)."""
+    """The registered method ``name`` with ``options``; it runs in the SEEDS-R1 env it teaches
+    (:func:`collect_with_method` fits the method to that env: the env's limits, the method's protocol)."""
     if name not in PROTOCOL_METHODS:
         raise ValueError(f"method {name!r} cannot teach SEEDS-R1: its env actions are not the SEEDS-R1 protocol "
                          f"(search -> snapshot -> expand -> answer); use one of {PROTOCOL_METHODS}")
-    limits = {"k": 5, "max_expand": 5, "max_searches": 4, "max_actions": 10}
-    return methods.base.get(name, **{**limits, **(options or {})})
+    method_options, limits = methods.base.split_env_limits(name, options or {})
+    if limits:
+        raise ValueError(f"teacher_method_options {sorted(limits)} are env limits: the teacher runs in the SEEDS-R1 "
+                         "env being taught (set them in the env section)")
+    return methods.base.get(name, **method_options)
 
 
 def record_from_method(result: dict, example: QAExample, teacher: str, env_config: EnvConfig | None = None) -> dict:
@@ -180,7 +186,9 @@ def record_from_method(result: dict, example: QAExample, teacher: str, env_confi
         if event.get("type") == "llm":
             last_output = event.get("output") if event.get("tag") == "turn" else None
         elif event.get("type") == "env":
-            text = last_output if last_output is not None and last_output == event["action"] else event["action"]
+            # The whole turn (a leading <think> block included) when the action is what it said.
+            said = last_output is not None and split_thinking(last_output).visible == event["action"]
+            text = last_output if said else event["action"]
             last_output = None
             turns.append(("model", text))
             if event.get("kind") == "answer":
@@ -216,7 +224,7 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
     base = env_config or EnvConfig()
     results = run_questions_sync(teacher, examples, llm, retriever, base, concurrency=concurrency, seed=seed,
                                  env_tokenizer=tokenizer)
-    ran_in = teacher.env_config(base)
+    ran_in = teacher.fit_env(base)
     return [record_from_method(r, ex, f"method:{method}", ran_in) for r, ex in zip(results, examples)]
 
 

@@ -8,8 +8,10 @@ Supported formats (row ``i`` is the ``i``-th passage line of the file, which is 
 - ``"jsonl"``: JSONL ``{"id", "title", "text"}``.
 - ``"tsv"``: DPR TSV ``id<TAB>text<TAB>title`` after a header line naming the three columns.
 
-The file is scanned once: every line is validated and its byte offset goes into a numpy int64
-array, cached on disk under ``cache_dir("corpus-offsets")`` and keyed by the corpus fingerprint,
+The file is scanned once: every line is validated, passage ids are checked to be unique (a
+repeated id raises :class:`CorpusFormatError` naming both lines, since ids name passages in
+positives, predictions and the server's ``/passages``), and each line's byte offset goes into a
+numpy int64 array, cached on disk under ``cache_dir("corpus-offsets")`` and keyed by the corpus fingerprint,
 so reloading a 21M-passage file is instant. A passage is read and parsed only when asked for.
 """
 from __future__ import annotations
@@ -32,7 +34,7 @@ FORMATS = ("flashrag", "jsonl", "tsv")
 TSV_COLUMNS = ("id", "text", "title")
 _SAMPLE_BYTES = 1 << 16  # bytes per fingerprint chunk
 _SAMPLE_CHUNKS = 10  # start, end and 8 evenly spaced middle chunks
-_OFFSETS_VERSION = "v1"  # bump when the offsets layout changes
+_OFFSETS_VERSION = "v2"  # bump when the offsets layout or the scan's checks change (v2: unique ids)
 
 
 class CorpusFormatError(ValueError):
@@ -196,8 +198,9 @@ class Corpus:
         return offsets
 
     def _scan(self) -> np.ndarray:
-        """Validate every line; return n+1 offsets (row starts, then the end of the last line)."""
-        starts = array("q")
+        """Validate every line and the uniqueness of the ids; return n+1 offsets (row starts, then
+        the end of the last line)."""
+        starts, id_hashes = array("q"), array("q")
         line_no = 0
         with open(self.path, "rb") as handle:
             pos = 0
@@ -210,13 +213,40 @@ class Corpus:
                 pos += len(raw)
                 try:
                     text = _strip_newline(raw).decode("utf-8")
-                    parse_line(self.fmt, text, self._columns)
+                    id_hashes.append(hash(parse_line(self.fmt, text, self._columns)[0]))
                 except UnicodeDecodeError:
                     raise CorpusFormatError(f"{self.path}: line {line_no}: not valid UTF-8") from None
                 except ValueError as err:
                     raise CorpusFormatError(f"{self.path}: line {line_no}: {err}") from None
         starts.append(pos)
-        return np.frombuffer(starts, dtype=np.int64).copy()
+        offsets = np.frombuffer(starts, dtype=np.int64).copy()
+        self._check_unique_ids(np.frombuffer(id_hashes, dtype=np.int64), offsets)
+        return offsets
+
+    def _check_unique_ids(self, id_hashes: np.ndarray, offsets: np.ndarray) -> None:
+        """Raise :class:`CorpusFormatError` naming the first line whose passage id an earlier line has.
+
+        ``id_hashes``: ``(n,)`` int64, the in-process ``hash`` of each row's id (8 bytes a row rather
+        than a set of 21M strings); ``offsets``: ``(n + 1,)`` row starts. Only rows whose hash
+        repeats are read again and their ids compared exactly.
+        """
+        ordered = np.sort(id_hashes)
+        repeated = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+        if len(repeated) == 0:
+            return
+        first_line: dict[str, int] = {}
+        with open(self.path, "rb") as handle:
+            for row in np.flatnonzero(np.isin(id_hashes, repeated)).tolist():
+                handle.seek(int(offsets[row]))
+                raw = handle.read(int(offsets[row + 1] - offsets[row]))
+                pid = parse_line(self.fmt, _strip_newline(raw).decode("utf-8"), self._columns)[0]
+                line = row + self._first_line
+                if pid in first_line:
+                    raise CorpusFormatError(
+                        f"{self.path}: line {line}: duplicate passage id {pid!r} (first on line {first_line[pid]}); "
+                        "ids name passages in positives, predictions and /passages, so each must be unique"
+                    )
+                first_line[pid] = line
 
     # ----- identity -----------------------------------------------------------------------
     def fingerprint(self) -> str:
@@ -275,7 +305,7 @@ class Corpus:
             yield from batch
 
     def row_of(self, passage_id: str) -> int:
-        """Row of a passage id (the first one if ids repeat). Builds an id->row map on first use."""
+        """Row of a passage id (ids are unique: the scan checks). Builds an id->row map on first use."""
         if self._rows_by_id is None:
             rows: dict[str, int] = {}
             for passage in self:

@@ -12,9 +12,13 @@ timeouts and 5xx answers only; a 4xx answer raises :class:`RemoteRetrievalError`
 the server's reason. A ``threading.BoundedSemaphore`` caps requests in flight from this client;
 a batch larger than the server's per-request cap is sent as several requests. Proxy settings of
 the environment are ignored (``trust_env=False``): the server is on the local network.
+A server started with a token (``--token`` or ``SEEDS_RETRIEVAL_TOKEN``) wants it on every
+request: pass ``token=``, or set ``SEEDS_RETRIEVAL_TOKEN`` where the client runs (PPO, evaluation
+and ``open_retriever("http://...")`` read it), and it goes in ``Authorization: Bearer``.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +27,8 @@ from typing import Any
 import httpx
 
 from envs.types import Hit, Passage
+
+TOKEN_ENV = "SEEDS_RETRIEVAL_TOKEN"  # the same variable the server reads
 
 
 class RemoteRetrievalError(RuntimeError):
@@ -34,17 +40,22 @@ class RemoteRetrievalError(RuntimeError):
 
 
 class RemoteRetriever:
-    """``search(queries, k) -> list[list[Hit]]`` answered by a retrieval server at ``url``."""
+    """``search(queries, k) -> list[list[Hit]]`` answered by a retrieval server at ``url``.
+
+    ``token``: the server's bearer token (default: ``$SEEDS_RETRIEVAL_TOKEN``, else none).
+    """
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-                 max_concurrency: int = 8):
+                 max_concurrency: int = 8, token: str | None = None):
         if not str(url).startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if retries < 0 or backoff < 0 or max_concurrency < 1:
             raise ValueError("retries and backoff must be >= 0 and max_concurrency >= 1")
         self.url = str(url).rstrip("/")
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False,
+        token = token or os.environ.get(TOKEN_ENV) or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, headers=headers,
                                     limits=httpx.Limits(max_connections=max_concurrency,
                                                         max_keepalive_connections=max_concurrency))
         self._slots = threading.BoundedSemaphore(max_concurrency)

@@ -65,6 +65,13 @@ class Retriever:
                 f"encoder {encoder.name!r} differs from the one the index was built with "
                 f"({index.meta.get('encoder')!r}); scores may be meaningless", stacklevel=2,
             )
+        built_dtype = (index.meta.get("encoder_settings") or {}).get("dtype")
+        query_dtype = (getattr(encoder, "settings", None) or {}).get("dtype")
+        if built_dtype and query_dtype and built_dtype != query_dtype:
+            warnings.warn(
+                f"queries are encoded in {query_dtype} but the index {index.index_dir} holds passages encoded in "
+                f"{built_dtype}; load the encoder with dtype={built_dtype!r} to match", stacklevel=2,
+            )
         self.corpus = corpus
         self.encoder = encoder
         self.index = index
@@ -80,7 +87,9 @@ class Retriever:
 
         ``corpus``: None (the path recorded in ``meta.json``), a path, or a loaded corpus; it must
         be the corpus the index was built from. ``device`` is the index device (``"auto"``,
-        ``"cpu"``, ``"cuda"``); the encoder follows it unless ``encoder_kwargs`` says otherwise.
+        ``"cpu"``, ``"cuda"``); the encoder follows it unless ``encoder_kwargs`` says otherwise, and
+        takes the precision (``dtype``) and token limit the passages were embedded with, so that
+        queries are encoded the same way.
         """
         meta = read_meta(index_dir)
         if corpus is None:
@@ -89,9 +98,10 @@ class Retriever:
             corpus = load_corpus(Path(corpus))
         index = DenseIndex.load(index_dir, corpus=corpus, device=device)
         encoder_kwargs.setdefault("device", None if device == "auto" else device)
-        max_length = (meta.get("encoder_settings") or {}).get("max_length")
-        if max_length:
-            encoder_kwargs.setdefault("max_length", max_length)
+        for setting in ("max_length", "dtype"):
+            value = (meta.get("encoder_settings") or {}).get(setting)
+            if value:
+                encoder_kwargs.setdefault(setting, value)
         encoder = load_encoder(meta["encoder"], **encoder_kwargs)
         return cls(corpus, encoder, index, cache_size=cache_size)
 

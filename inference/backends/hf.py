@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from inference.backends.chat import prompt_token_ids
+from inference.backends.chat import check_thinking_switch, prompt_token_ids, thinking_setting
 from inference.backends.decoding import IncrementalText, restrict_to_allowed, sample_seed, sample_tokens
 from inference.backends.hf_cache import (
     growing_cache_supported,
@@ -113,7 +113,8 @@ class HFBackend(LLMBackend):
     ``device``/``dtype`` other than ``"auto"`` move it). ``max_batch_size``: rows per forward
     batch, and requests per batch formed from concurrent ``agenerate`` calls.
     ``max_context``: the longest prompt + completion (default: the config's
-    ``max_position_embeddings``).
+    ``max_position_embeddings``). ``thinking``: ``"on"``/``"off"`` sets the chat template's
+    ``enable_thinking`` switch (ValueError when it has none), ``"auto"``/None keeps its default.
     """
 
     name = "hf"
@@ -121,7 +122,7 @@ class HFBackend(LLMBackend):
 
     def __init__(self, model: Any = DEFAULT_MODEL, tokenizer: Any = None, device: str = "auto", dtype: Any = "auto",
                  max_batch_size: int = 16, trust_remote_code: bool = False, logprobs_mode: str = "raw",
-                 max_context: int | None = None):
+                 max_context: int | None = None, thinking: str | bool | None = None):
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}")
         if isinstance(model, (str, os.PathLike)):
@@ -139,6 +140,8 @@ class HFBackend(LLMBackend):
             tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
         self.model = model
         self.tokenizer = ensure_pad_token(tokenizer)  # padding itself is done here, on the left
+        self.thinking = thinking_setting(thinking)
+        check_thinking_switch(self.tokenizer, self.thinking)
         self.device = model.device
         self.max_batch_size = max_batch_size
         self.logprobs_mode = logprobs_mode
@@ -174,7 +177,7 @@ class HFBackend(LLMBackend):
         rows: list[_Row] = []
         for i, request in enumerate(requests):
             try:
-                ids = prompt_token_ids(self.tokenizer, request.prompt)
+                ids = prompt_token_ids(self.tokenizer, request.prompt, self.thinking)
             except Exception as err:  # a malformed prompt fails its own request only
                 ids, errors[i] = [], f"could not tokenise the prompt: {err}"
             prompts.append(ids)

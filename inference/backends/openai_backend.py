@@ -6,7 +6,8 @@ and 5xx are retried with exponential back-off; any other 4xx, or running out of 
 ``"error"`` completions carrying the server's message rather than an exception.
 
 With ``vllm_extensions`` (default: on, except for api.openai.com) the body also carries vLLM's
-``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``.
+``top_k``, ``include_stop_str_in_output``, ``return_token_ids`` and ``return_tokens_as_token_ids``,
+and a chat ending in an assistant message is continued (``continue_final_message``), not closed.
 What comes back, field by field:
 
 - ``text``: as sent. A server that strips the matched stop string but names it (vLLM's
@@ -19,6 +20,12 @@ What comes back, field by field:
 - ``logprobs``: the per-token log-probabilities the server returns, else ``[]``.
 
 ``base_url`` is the API root, with or without the trailing ``/v1``.
+
+Thinking: ``thinking="on"|"off"`` sends ``chat_template_kwargs: {"enable_thinking": ...}`` with
+chat requests (vLLM and SGLang servers pass it to the chat template; ``"auto"``: nothing sent).
+A server that returns the thinking apart (a vLLM reasoning parser: ``reasoning_content`` or
+``reasoning``) gets it put back in front of the text as ``<think>...</think>``, so the trace keeps
+it and :mod:`methods.thinking` separates it as for every other backend.
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ try:
 except ImportError:  # huggingface_hub (a transformers dependency) ships the same API as httpx2
     import httpx2 as httpx  # type: ignore[no-redef]
 
+from inference.backends.chat import THINKING_SWITCH, thinking_setting
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 _TOKEN_ID = re.compile(r"^token_id:(\d+)$")
@@ -44,8 +52,10 @@ class HTTPFailure(Exception):
     """A response that will not succeed on retry (or the last of the retries)."""
 
 
-def request_body(model: str, request: GenerationRequest, vllm_extensions: bool) -> tuple[str, dict[str, Any]]:
-    """The endpoint path (below ``/v1``) and JSON body for one request."""
+def request_body(model: str, request: GenerationRequest, vllm_extensions: bool,
+                 thinking: bool | None = None) -> tuple[str, dict[str, Any]]:
+    """The endpoint path (below ``/v1``) and JSON body for one request; ``thinking`` (chat only):
+    ``chat_template_kwargs.enable_thinking`` for the server's chat template (None: not sent)."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens,
@@ -68,6 +78,10 @@ def request_body(model: str, request: GenerationRequest, vllm_extensions: bool) 
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
         body.update(messages=prompt, logprobs=True)
+        if thinking is not None:
+            body["chat_template_kwargs"] = {THINKING_SWITCH: thinking}
+        if vllm_extensions and prompt[-1].get("role") == "assistant":  # continue it (a transcript, a
+            body.update(add_generation_prompt=False, continue_final_message=True)  # continued thinking)
         return "/chat/completions", body
     if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
         body.update(prompt=prompt, logprobs=1)
@@ -88,8 +102,11 @@ def _token_ids_from_strings(tokens: list[str]) -> list[int]:
 
 def completion_from_choice(choice: dict[str, Any], chat: bool) -> Completion:
     """Map one response choice to a :class:`Completion` (see the module docstring)."""
-    text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
-    text = text or ""
+    message = choice.get("message") or {}
+    text = (message.get("content") if chat else choice.get("text")) or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") if chat else None
+    if isinstance(reasoning, str) and reasoning:
+        text = f"<think>{reasoning}</think>{text}"
     logprobs_block = choice.get("logprobs") or {}
     if chat:
         entries = logprobs_block.get("content") or []
@@ -142,6 +159,7 @@ class OpenAIBackend(LLMBackend):
         max_retries: int = 3,
         backoff_s: float = 1.0,
         vllm_extensions: bool | None = None,
+        thinking: str | bool | None = None,
     ):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -154,6 +172,7 @@ class OpenAIBackend(LLMBackend):
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.vllm_extensions = "api.openai.com" not in self.base_url if vllm_extensions is None else vllm_extensions
+        self.thinking = thinking_setting(thinking)  # sent as chat_template_kwargs (vLLM, SGLang servers)
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that owns the client below
         self._client: Any = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -209,7 +228,7 @@ class OpenAIBackend(LLMBackend):
                         request: GenerationRequest) -> GenerationResult:
         start = time.perf_counter()
         try:
-            path, body = request_body(self.model, request, self.vllm_extensions)
+            path, body = request_body(self.model, request, self.vllm_extensions, self.thinking)
             async with semaphore:
                 reply = await self._post(client, path, body)
             chat = path == "/chat/completions"

