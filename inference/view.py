@@ -23,6 +23,7 @@ from envs.atomic import atomic_write
 from inference.compare import CompareError, compare_records
 from inference.predictions import PredictionsFileError, load_predictions
 from inference.run_metrics import summarize, with_current_names
+from inference.shards import run_records, shard_files
 from inference.view_records import evaluation_question, training_sample
 
 ASSETS = Path(__file__).with_name("view_assets")
@@ -71,6 +72,8 @@ def locate_run(run: str | Path) -> tuple[str, Path]:
         for name, kind in (("predictions.jsonl", "evaluation"), ("samples.jsonl", "training")):
             if (path / name).exists():
                 return kind, path / name
+        if shard_files(path):  # a data-parallel evaluation not merged yet
+            return "evaluation", path / "predictions.jsonl"
         raise RunViewError(f"{run}: neither predictions.jsonl (evaluation) nor samples.jsonl (training) in it")
     if not path.exists():
         raise RunViewError(f"{run}: no such file or folder")
@@ -84,7 +87,7 @@ def load_run(run: str | Path, max_chars: int = DEFAULT_MAX_TEXT_CHARS, prompts: 
     name = folder.name if path.name in ("predictions.jsonl", "samples.jsonl") else path.stem
     if kind == "evaluation":
         try:
-            records = load_predictions(path, repair=False)
+            records = run_records(folder) if path.name == "predictions.jsonl" else load_predictions(path, repair=False)
         except PredictionsFileError as err:
             raise RunViewError(str(err)) from err
         stored = _read_json(folder / "metrics.json")

@@ -178,6 +178,12 @@ def test_view_cli_writes_one_page_for_a_run_or_two(runs, tmp_path):
     assert data["comparison"]["questions_paired"] == 3 and "em" in data["comparison"]["metrics"]
     with pytest.raises(SystemExit, match="neither predictions.jsonl"):
         view.main([str(tmp_path)])
+    sharded = tmp_path / "sharded"  # a data-parallel run before its merge: the shard files are read
+    (sharded / "shards").mkdir(parents=True)
+    lines = (runs[0] / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (sharded / "shards" / "part-000-of-002.jsonl").write_text("".join(lines[:2]))
+    (sharded / "shards" / "part-001-of-002.jsonl").write_text("".join(lines[2:]))
+    assert sorted(q["id"] for q in view.load_run(sharded)["questions"]) == ["a", "b", "x"]
 
 
 # ---------------------------------------------------------------------------------- the browser
