@@ -3,7 +3,7 @@
     python -m inference.evaluate --method seeds-react --data data/hotpot.jsonl --limit 500 \\
         --llm hf:/models/qwen --index indexes/wiki18-e5 --out runs/seeds-react-hotpot
     python -m inference.evaluate --method vanilla-rag --limit 20 --out runs/rag   # embedded default
-    python -m inference.evaluate --compare runs/rag runs/seeds-react
+    python -m inference.evaluate --compare runs/rag runs/seeds-react   # paired bootstrap -> runs/rag/compare.json
     accelerate launch --multi_gpu --num_processes 8 -m inference.evaluate ...   # data-parallel: one engine per GPU
 
 Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
@@ -37,6 +37,7 @@ from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import ConfigError, merge_values, read_recipe
 from inference.backends import load_backend
 from inference.backends.chat import THINKING_MODES, thinking_setting
+from inference.compare import CompareError, compare_runs, format_comparison
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
 from inference.shards import (
@@ -118,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without a key)")
     parser.add_argument("--wandb-project", default="seeds-rl")
-    parser.add_argument("--compare", nargs="+", metavar="RUN", help="print these runs' metrics side by side")
+    parser.add_argument("--compare", nargs="+", metavar="RUN",
+                        help="print these runs' metrics side by side, then each run against the first: paired "
+                             "bootstrap 95%% intervals of the differences (also in compare.json in --out, "
+                             "default the first run's folder)")
     parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based) of the questions into --out "
                                                        "(under torchrun / accelerate launch: from RANK/WORLD_SIZE)")
     parser.add_argument("--merge", action="store_true", help="merge the shards of --out into predictions.jsonl and "
@@ -427,10 +431,25 @@ def compare(runs: list[str]) -> str:
     return format_table(rows)
 
 
+def compare_paired(runs: list[str], out: str | None) -> str:
+    """The paired bootstrap of every run against the first, written to ``compare.json`` in ``out``
+    (default: the first run's folder)."""
+    try:
+        comparison = compare_runs(runs)
+    except CompareError as err:
+        return f"no paired comparison: {err}"
+    target = Path(out or runs[0]) / "compare.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(comparison, target)
+    return f"{format_comparison(comparison)}\n\n(written to {target})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = resolve_args(argv)
     if args.compare:
         print(compare(args.compare))
+        if len(args.compare) > 1:
+            print("\n" + compare_paired(args.compare, args.out))
         return 0
     if args.merge:
         merge(args)

@@ -43,6 +43,7 @@ def prediction_record(ctx: QuestionContext) -> dict[str, Any]:
         "negatives_opened": episode["negatives_opened"],
         "positives_missed": episode["positives_missed"],
         "reward": episode["reward"]["total"],
+        "reward_breakdown": episode["reward"],  # answer, selection, format (penalties), terminal, total
         "searches": episode["searches"],
         "search_rounds": ctx.search_rounds,
         "method_stats": ctx.stats,

@@ -141,6 +141,7 @@ def test_compare_prints_runs_side_by_side(setup, tmp_path, capsys):
     assert ev.main(["--compare", str(setup["out"]), str(other["out"])]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("run") and table[2].startswith("run ") and table[3].startswith("run2")
+    assert (setup["out"] / "compare.json").exists()  # the paired comparison, beside the baseline run
 
 
 def test_config_file_and_method_options(setup, tmp_path):

@@ -47,6 +47,7 @@ if __package__ in (None, ""):  # `python training/curves.py RUN_DIR`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envs.atomic import atomic_write
+from envs.bootstrap import bootstrap_interval as shared_bootstrap_interval
 from training.policy_eval import OUTCOME_KEYS, STATISTICS
 
 METRICS_FILE = "metrics.jsonl"
@@ -149,13 +150,8 @@ def question_outcomes(evaluation: dict, side: str) -> dict[str, np.ndarray] | No
 
 def bootstrap_interval(outcomes: dict[str, np.ndarray], statistic: str, resamples: int = BOOTSTRAP_RESAMPLES,
                        level: float = BOOTSTRAP_LEVEL, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of one evaluation's statistic, questions resampled with replacement."""
-    n = len(outcomes[OUTCOME_KEYS[0]])
-    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    values = STATISTICS[statistic](outcomes, rows)
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(values, [tail, 100 - tail])
-    return float(low), float(high)
+    """Percentile bootstrap interval of one evaluation's statistic (:func:`envs.bootstrap.bootstrap_interval`)."""
+    return shared_bootstrap_interval(outcomes, STATISTICS[statistic], resamples, level, seed)
 
 
 def evaluation_interval(evaluation: dict, side: str, metric: str) -> tuple[float, float] | None:

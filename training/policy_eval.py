@@ -3,7 +3,8 @@
 The trainer evaluates the policy before and after PPO on the same questions with the same env
 seeds (same candidates, same shuffled order), so each question gives a PAIRED outcome. The
 difference after − before is reported with a paired bootstrap 95% interval: questions are
-resampled with replacement (the same resample for both runs) and the statistic recomputed.
+resampled with replacement (the same resample for both runs) and the statistic recomputed
+(the bootstrap itself is :mod:`envs.bootstrap`, shared with ``inference.evaluate --compare``).
 
 Per-question outcomes (:func:`question_outcomes`) are the episode's reward, EM, positives opened
 and documents read; the statistics are the mean reward, the mean EM and the POOLED selection
@@ -12,10 +13,12 @@ precision (positives opened / documents opened over the resampled questions, as
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
+
+from envs.bootstrap import PairedDifference, Statistic, mean_of, pooled_ratio
+from envs.bootstrap import paired_bootstrap as shared_paired_bootstrap
 
 OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")
 
@@ -30,57 +33,14 @@ def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
     }
 
 
-def mean_reward(outcomes: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Mean reward over each resample: rows (R, n) question indices -> (R,)."""
-    return outcomes["reward"][rows].mean(axis=-1)
-
-
-def mean_em(outcomes: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Mean exact match over each resample: rows (R, n) -> (R,)."""
-    return outcomes["em"][rows].mean(axis=-1)
-
-
-def pooled_precision(outcomes: dict[str, np.ndarray], rows: np.ndarray) -> np.ndarray:
-    """Positives opened / documents opened over each resample (0 when nothing opened): (R, n) -> (R,)."""
-    opened = outcomes["docs_read"][rows].sum(axis=-1)
-    positives = outcomes["positives_opened"][rows].sum(axis=-1)
-    return np.divide(positives, opened, out=np.zeros_like(positives), where=opened > 0)
-
-
-STATISTICS: dict[str, Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]] = {
-    "reward": mean_reward, "em": mean_em, "precision": pooled_precision}
-
-
-@dataclass(frozen=True)
-class PairedDifference:
-    before: float
-    after: float
-    diff: float  # after − before on all questions
-    lo: float  # 2.5th percentile of the bootstrap differences
-    hi: float  # 97.5th percentile
-
-    def as_dict(self) -> dict[str, float]:
-        return {"before": self.before, "after": self.after, "diff": self.diff, "lo": self.lo, "hi": self.hi}
+STATISTICS: dict[str, Statistic] = {
+    "reward": mean_of("reward"), "em": mean_of("em"), "precision": pooled_ratio("positives_opened", "docs_read")}
 
 
 def paired_bootstrap(before: dict[str, np.ndarray], after: dict[str, np.ndarray], statistic: str,
                      resamples: int = 2000, seed: int = 0, level: float = 0.95) -> PairedDifference:
-    """Paired bootstrap interval of ``statistic(after) − statistic(before)``.
-
-    before/after: per-question outcome arrays (n,) in the SAME question order. Each of the
-    ``resamples`` draws n question indices with replacement, shared by both runs.
-    """
-    n = len(before["reward"])
-    if n == 0 or len(after["reward"]) != n:
-        raise ValueError(f"paired bootstrap needs the same non-empty question set ({n} vs {len(after['reward'])})")
-    fn = STATISTICS[statistic]
-    everything = np.arange(n)[None]
-    b, a = float(fn(before, everything)[0]), float(fn(after, everything)[0])
-    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    diffs = fn(after, rows) - fn(before, rows)
-    tail = (1.0 - level) / 2 * 100
-    lo, hi = np.percentile(diffs, [tail, 100 - tail])
-    return PairedDifference(b, a, a - b, float(lo), float(hi))
+    """:func:`envs.bootstrap.paired_bootstrap` of the named statistic of :data:`STATISTICS`."""
+    return shared_paired_bootstrap(before, after, STATISTICS[statistic], resamples, seed, level)
 
 
 def compare_runs(before: dict[str, np.ndarray], after: dict[str, np.ndarray], resamples: int = 2000,

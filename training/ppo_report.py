@@ -81,6 +81,32 @@ def log_sample_table(accelerator, samples: list[dict], step: int) -> None:
     tracker.log({"samples": table}, step=step)
 
 
+def episode_turns(episode, tokenizer) -> list[list[list[str]]]:
+    """The episode after its prompt as turns, each a list of ``[source, text]`` pieces in order:
+    ``"model"`` for sampled tokens (loss mask 1), ``"env"`` for text the model did not write
+    (observations, a forced ``<answer>`` opening)."""
+    turns: dict[int, list[list]] = {}
+    for position in range(episode.prompt_length, len(episode.token_ids)):
+        source = "model" if episode.loss_mask[position] else "env"
+        pieces = turns.setdefault(episode.turn_ids[position], [])
+        if pieces and pieces[-1][0] == source:
+            pieces[-1][1].append(episode.token_ids[position])
+        else:
+            pieces.append([source, [episode.token_ids[position]]])
+    return [[[source, tokenizer.decode(ids, skip_special_tokens=False)] for source, ids in turns[t]]
+            for t in sorted(turns)]
+
+
+def sample_record(episode, update: int, tokenizer) -> dict:
+    """One line of ``samples.jsonl``: the W&B columns (``SAMPLE_COLUMNS``), the env's episode
+    summary (question, golds, answer, metrics, reward breakdown, searches with candidates) and the
+    turns (:func:`episode_turns`), which ``python -m inference.view`` shows."""
+    completion = tokenizer.decode(episode.token_ids[episode.prompt_length:], skip_special_tokens=False)
+    return {"update": update, "question": episode.example_id, "reward": episode.reward,
+            "finish": episode.finish_reason, "text": completion, "episode": episode.info,
+            "turns": episode_turns(episode, tokenizer)}
+
+
 def write_update_logs(out: Path, stats: dict, episodes: list, tokenizer, cfg: PPOConfig, accelerator, write) -> None:
     """Main process: append the update's metrics to ``metrics.jsonl`` and its first ``log_samples``
     episodes to ``samples.jsonl`` (and W&B), and ``write`` a line about each."""
@@ -91,11 +117,9 @@ def write_update_logs(out: Path, stats: dict, episodes: list, tokenizer, cfg: PP
     samples = []
     with open(out / "samples.jsonl", "a", encoding="utf-8") as handle:
         for e in episodes[:cfg.log_samples]:
-            completion = tokenizer.decode(e.token_ids[e.prompt_length:], skip_special_tokens=False)
-            sample = {"update": update, "question": e.example_id, "reward": e.reward,
-                      "finish": e.finish_reason, "text": completion}
+            sample = sample_record(e, update, tokenizer)
             samples.append(sample)
-            handle.write(json.dumps(sample) + "\n")
-            write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): {completion[-400:]!r}")
+            handle.write(json.dumps(sample, ensure_ascii=False) + "\n")
+            write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): {sample['text'][-400:]!r}")
     if cfg.report_to == "wandb" and samples:
         log_sample_table(accelerator, samples, step=update)
