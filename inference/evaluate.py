@@ -22,24 +22,28 @@ import json
 import os
 import random
 import sys
-import warnings
 from pathlib import Path
-from typing import Any
 
-import yaml
 from tqdm import tqdm
 
 import methods
 from envs.atomic import write_json_atomic
-from envs.config import EnvConfig
 from envs.data import load_questions
 from envs.retrieval.defaults import open_run_retriever
-from envs.typed_config import ConfigError, merge_values, read_recipe
+from envs.typed_config import ConfigError, read_recipe
 from inference.backends import load_backend
-from inference.backends.chat import THINKING_MODES, thinking_setting
+from inference.backends.chat import THINKING_MODES
 from inference.compare import CompareError, compare_runs, format_comparison
 from inference.predictions import PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
+from inference.run_setup import (
+    DEFAULT_LLM,
+    backend_options,
+    build_env,
+    build_method,
+    parse_options,
+    resolve_guided_actions,
+)
 from inference.shards import (
     clear_shards,
     merge_run,
@@ -51,28 +55,10 @@ from inference.shards import (
     shard_files,
     write_plan,
 )
-from methods.base import split_env_limits
-from methods.budgets import PRESETS, budget_options
+from methods.budgets import PRESETS
 from methods.runner import run_questions_sync
 
-DEFAULT_LLM = "hf:smollm2-135m"  # chat-tuned, ~4x faster than Gemma 3 270M base on CPU
-GUIDED_BACKENDS = ("hf", "vllm")  # guided actions by default on these
 DEFAULT_QUESTIONS = 100
-
-
-def _value(text: str) -> Any:
-    """``key=value`` option values: YAML scalars (ints, floats, booleans), else the string."""
-    return yaml.safe_load(text)
-
-
-def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
-    options = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"{flag} expects key=value, got {pair!r}")
-        options[key.replace("-", "_")] = _value(value)
-    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,33 +172,6 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
     }
 
 
-def resolve_guided_actions(args: argparse.Namespace, method) -> bool:
-    """``--guided-actions`` as given, else on for a method with an action format on hf/vllm, unless
-    the run is set up for a reasoning model (``--thinking on``, ``--budget thinking``/``paper``):
-    the guide leaves room for a short thought only, not for thinking before the tag."""
-    if args.guided_actions is not None:
-        if args.guided_actions and method.action_regex() is None:
-            raise SystemExit(f"--guided-actions: method {args.method} declares no action format to guide")
-        return args.guided_actions
-    if args.thinking == "on" or args.budget in ("thinking", "paper"):
-        return False
-    return method.action_regex() is not None and (args.llm or DEFAULT_LLM).partition(":")[0] in GUIDED_BACKENDS
-
-
-def backend_options(args: argparse.Namespace, llm_options: dict) -> dict:
-    """``--llm-option`` values, plus ``--thinking`` (set in one place only), plus for the hf backend
-    a prefix cache of one row per question in flight (``prefix_cache``; it changes speed, not
-    results, so it is not in ``config.json``)."""
-    options = dict(llm_options)
-    if (args.llm or DEFAULT_LLM).partition(":")[0] == "hf":
-        options = {"prefix_cache": max(1, args.concurrency), **options}
-    if args.thinking == "auto":
-        return options
-    if "thinking" in options and thinking_setting(options["thinking"]) != THINKING_MODES[args.thinking]:
-        raise SystemExit(f"--thinking {args.thinking} contradicts --llm-option thinking={options['thinking']}")
-    return {**options, "thinking": args.thinking}
-
-
 def run_identity(config: dict) -> dict:
     """The part of a run's config that a resumed run must match."""
     identity = {**ADDED_KEYS, **config}
@@ -268,52 +227,6 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
                              f"use another --out or --overwrite")
     write_json_atomic(config, config_path)
     return load_predictions(out / "predictions.jsonl")
-
-
-def build_method(args: argparse.Namespace):
-    """The method with its ``--budget`` preset, ``--method-option`` values (which win over the preset)
-    and ``--variant``; bad options exit with the reason. Options that are env limits now (``k=3``)
-    are read as ``--env`` settings, with a deprecation note."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DeprecationWarning)
-        options, _ = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
-    for warning in caught:
-        print(f"note: {warning.message}", file=sys.stderr)
-    if args.variant:
-        if options.get("variant", args.variant) != args.variant:
-            raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
-        options["variant"] = args.variant
-    try:
-        return methods.get(args.method, **budget_options(args.budget, args.method, options))
-    except (KeyError, TypeError, ValueError) as err:
-        raise SystemExit(f"--method {args.method}: {err}") from err
-
-
-def build_env(args: argparse.Namespace, method) -> EnvConfig:
-    """The run's env: the method's paper limits, then ``--env-config``, then old limit options
-    (``--method-option k=3``), then ``--env``; the method's protocol settings last
-    (:meth:`methods.base.Method.env_config`). A contradiction or a bad key exits with the reason."""
-    try:
-        recipe = read_recipe(Path(args.env_config)) if args.env_config else {}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # build_method already warned
-            _, old_limits = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
-        overrides = merge_values(merge_values(recipe, old_limits), nest_dotted(parse_options(args.env, "--env")))
-        return method.env_config(overrides)
-    except (ConfigError, FileNotFoundError, ValueError, TypeError) as err:
-        raise SystemExit(f"env: {err}") from err
-
-
-def nest_dotted(options: dict[str, Any]) -> dict[str, Any]:
-    """``{"preview.max_tokens": 40}`` -> ``{"preview": {"max_tokens": 40}}``."""
-    nested: dict[str, Any] = {}
-    for key, value in options.items():
-        *sections, name = key.split(".")
-        target = nested
-        for section in sections:
-            target = target.setdefault(section, {})
-        target[name] = value
-    return nested
 
 
 def evaluate(args: argparse.Namespace) -> dict | None:

@@ -4,23 +4,13 @@ share instructions, least recently used rows dropped."""
 from __future__ import annotations
 
 import pytest
-from tiny_models import tiny_llama, tiny_tokenizer
+from test_hf_session import model, tokenizer  # noqa: F401 (the same tiny model, module-scoped fixtures)
 
 from inference.backends.hf import HFBackend
 from inference.backends.hf_prefix import PrefixCache
 from methods.llm import GenerationRequest
 
 INSTRUCTIONS = "Find the answer to the question by searching. What is the capital"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return tiny_llama(tokenizer, init=0.3)
 
 
 def counting(backend: HFBackend) -> list[int]:
