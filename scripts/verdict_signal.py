@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(cfg, args, model, tokenizer, load_retriever(cfg), load_train_and_held_out(cfg)[0])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "verdict_signal.json", {"args": vars(args), "overrides": overrides, **result})
+    write_json_atomic({"args": vars(args), "overrides": overrides, **result}, out / "verdict_signal.json")
     bound = result["bounds"][str(args.top_layers[0])][-1]["heldout_auc"]
     print(f"policy_auc={result['policy_auc']:.4f} overlap_auc={result['overlap_auc']:.4f} bound_auc={bound:.4f}")
     return 0

@@ -3,6 +3,7 @@ and the supervised bound learning on the box world (where the full box is always
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -88,3 +89,19 @@ def test_the_bound_does_not_learn_without_steps(box):
     test, _ = judged_episodes(test_eps, setup["tok"])
     rows = supervised_bound(policy, train, test, torch.tensor(judge_token_ids(setup["tok"])), 1, 1, lr=0.0)
     assert rows[0]["heldout_auc"] == pytest.approx(rows[-1]["heldout_auc"])
+
+
+def test_main_writes_the_result_and_the_last_line(tmp_path, monkeypatch, capsys):
+    result = {"verdicts": 10, "positives": 2, "policy_auc": 0.4, "overlap_auc": 0.9,
+              "bounds": {"4": [{"epoch": 0, "heldout_auc": 0.5, "train_auc": 0.5},
+                               {"epoch": 1, "heldout_auc": 0.625, "train_auc": 0.75}]}}
+    monkeypatch.setattr(verdict_signal, "load_tokenizer", lambda model: object())
+    monkeypatch.setattr(verdict_signal, "load_causal_lm", lambda *a, **k: torch.nn.Linear(1, 1))
+    monkeypatch.setattr(verdict_signal, "load_retriever", lambda cfg: None)
+    monkeypatch.setattr(verdict_signal, "load_train_and_held_out", lambda cfg: ([], []))
+    monkeypatch.setattr(verdict_signal, "measure", lambda cfg, args, *rest: result)
+    assert verdict_signal.main(["--model", "m", "--out", str(tmp_path), "--", "--env.judge_question", "true"]) == 0
+    saved = json.loads((tmp_path / "verdict_signal.json").read_text())
+    assert saved["bounds"]["4"][1]["heldout_auc"] == 0.625 and saved["overrides"] == ["--env.judge_question", "true"]
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "policy_auc=0.4000 overlap_auc=0.9000 bound_auc=0.6250")
