@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import get_peft_model
 from transformers.masking_utils import create_causal_mask
 
+from training.config import LoraSettings
+from training.models import lora_config
 from training.scripted_teacher import content_words
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
@@ -88,9 +88,8 @@ class TopLayerVerdicts:
     def __init__(self, model, top_layers: int, rank: int = 16, alpha: int = 32):
         base = copy.deepcopy(model)
         self.first = base.config.num_hidden_layers - top_layers
-        config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, bias="none",
-                            layers_to_transform=list(range(self.first, base.config.num_hidden_layers)),
-                            target_modules=LORA_TARGETS)
+        settings = LoraSettings(r=rank, alpha=alpha, top_layers=top_layers)  # the recipe's adapters
+        config = lora_config(settings, None, base.config.num_hidden_layers)
         self.peft = get_peft_model(base, config)
         self.lm = self.peft.base_model.model
 
