@@ -7,7 +7,7 @@ from pathlib import Path
 
 from envs import typed_config
 from envs.previews import PreviewConfig
-from envs.protocol import EXPAND_FORMS
+from envs.protocol import EXPAND_FORMS, JUDGE_CONTEXTS
 from envs.rewards import RewardConfig
 
 ADMISSION_MODES = ("preview", "prefix")
@@ -31,6 +31,10 @@ class EnvConfig:
     # judgement form: the snapshot carries a "Question: ..." line and each verdict question restates it
     # ("Does [i] help answer: <question>?"), so the question sits next to every preview
     judge_question: bool = False
+    # judgement form: "stream" = verdicts interleaved in the episode's token stream; "alone" = each
+    # candidate judged in a short context of its own (envs.protocol.judge_alone_prompts), the episode's
+    # stream then shows the snapshot and the expand those verdicts make
+    judge_context: str = "stream"
     preview: PreviewConfig = field(default_factory=PreviewConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
@@ -39,6 +43,10 @@ class EnvConfig:
             raise ValueError(f"admission must be one of {ADMISSION_MODES}, not {self.admission!r}")
         if self.expand_form not in EXPAND_FORMS:
             raise ValueError(f"expand_form must be one of {EXPAND_FORMS}, not {self.expand_form!r}")
+        if self.judge_context not in JUDGE_CONTEXTS:
+            raise ValueError(f"judge_context must be one of {JUDGE_CONTEXTS}, not {self.judge_context!r}")
+        if self.judge_context != "stream" and self.expand_form != "judge":
+            raise ValueError(f"judge_context {self.judge_context!r} needs expand_form: judge")
         if self.duplicate_query not in DUPLICATE_QUERY_POLICIES:
             raise ValueError(f"duplicate_query must be one of {DUPLICATE_QUERY_POLICIES}")
         if not 0.0 <= self.distractor_rate <= 1.0:

@@ -24,6 +24,9 @@ _JUDGEMENT_BODY = re.compile(r"^(?:[\s,;.]*\[\d+\]\s*[:=\-]?\s*[^\s\[\],;]+)+[\s
                              r"^(?:[\s,;.]*\d+\s*[:=\-]?\s*(?:yes|no)\b)+[\s,;.]*$", re.IGNORECASE)
 _VERDICTS = {"yes": True, "no": False}
 EXPAND_FORMS = ("list", "judge")
+# where the judgement form's verdicts are made: "stream" interleaved in the episode's token stream,
+# "alone" each candidate in a short context of its own (judge_alone_prompts)
+JUDGE_CONTEXTS = ("stream", "alone")
 _SNAPSHOT_LINE = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
 
 
@@ -207,6 +210,20 @@ def judge_chunks(observation: str) -> tuple[list[str], str]:
     chunks = [("\n<snapshot>" if i == 1 else "") + f"\n[{i}] {line}" + ask
               for i, (line, ask) in enumerate(zip(lines, asks), start=1)]
     return chunks, ("\n</snapshot>\n" if chunks else "")
+
+
+# The judgement form with judge_context "alone": each candidate is judged in a short context of its
+# own (the candidate, then the question), outside the episode's token stream, so the question sits
+# right next to the one preview it is about and a verdict costs a short prefill. Rollouts and
+# evaluation build these contexts with judge_alone_prompts; the verdict token follows "Answer:".
+JUDGE_ALONE = "{candidate}\nQuestion: {question}\nDoes this passage help answer the question? Answer:"
+
+
+def judge_alone_prompts(question: str, observation: str) -> list[str]:
+    """One short judgement context per candidate of a snapshot (``[]`` when nothing is to be
+    judged): :data:`JUDGE_ALONE` with the candidate's line (title and preview) and the question."""
+    return [JUDGE_ALONE.format(candidate=line, question=question.strip())
+            for line in snapshot_candidates(observation)]
 
 
 def format_answer(answer: str) -> str:

@@ -9,11 +9,12 @@
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import ClassVar
 
 from envs.config import EnvConfig
-from envs.protocol import judge_chunks, judge_token_ids, judgement_action
+from envs.protocol import judge_alone_prompts, judge_chunks, judge_token_ids, judgement_action
 from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, paper_limits, register
 from methods.baselines import reason_in_documents
@@ -118,6 +119,8 @@ class SeedsR1(Method):
         async def judge(outcome: StepOutcome, model_text: str) -> str | None:
             if env.expand_form != "judge":
                 return None
+            if env.judge_context == "alone":
+                return await judge_alone_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts)
             return await judge_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts)
 
         await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer,
@@ -147,4 +150,30 @@ async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, obse
         words.append(completion.text)
     transcript.add_text(closing)
     outcome = await ctx.step(judgement_action(words))
+    return outcome.observation
+
+
+async def judge_alone_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str,
+                               constrain: bool = True) -> str | None:
+    """The judgement form with ``judge_context: alone`` in evaluation, as
+    :func:`training.rollout_judge.judge_alone` lays it out in training: the snapshot is appended to
+    the transcript, each candidate is judged in its own context (:func:`envs.protocol.judge_alone_prompts`,
+    ONE verdict token each, the calls concurrent), and the expand those verdicts make is appended as
+    text the model did not write. Returns the expand's observation (None: not a snapshot to judge)."""
+    contexts = judge_alone_prompts(ctx.question, observation)
+    if not contexts:
+        return None
+    transcript.add_observation(observation)
+    allowed = judge_token_ids(ctx.tokenizer) if constrain and ctx.tokenizer is not None else ()
+    prompts = [ctx.tokenizer(text, add_special_tokens=True)["input_ids"] if ctx.tokenizer is not None else text
+               for text in contexts]
+    results = await asyncio.gather(*(ctx.generate(prompt, stop=(), max_tokens=1, tag="verdict",
+                                                  allowed_token_ids=allowed) for prompt in prompts))
+    completions = [result.completions[0] for result in results]
+    if any(c.finish_reason == "error" for c in completions):
+        await ctx.give_up("llm_error")
+        return ""
+    action = judgement_action([c.text for c in completions])
+    transcript.add_text(action)
+    outcome = await ctx.step(action)
     return outcome.observation

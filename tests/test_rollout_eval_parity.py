@@ -107,13 +107,15 @@ def rollout(files, backend, tokenizer, method: SeedsR1, env: dict) -> tuple[list
 @pytest.mark.parametrize("policy, force_answer, max_actions, expand_form", [
     ("random", False, 3, "list"), ("random", True, 3, "list"), ("script", False, 3, "list"),
     ("script", True, 3, "list"), ("script", True, 2, "list"), ("script", False, 4, "judge"),
-    ("random", False, 4, "judge"),
+    ("random", False, 4, "judge"), ("script", False, 4, "judge-alone"), ("random", True, 4, "judge-alone"),
 ])
 def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random_lm, script_lm,  # noqa: F811
                                                        monkeypatch, policy, force_answer, max_actions, expand_form):
     model = random_lm if policy == "random" else script_lm
     options = {"max_tokens": 12, "force_answer": force_answer}
-    env = {"max_actions": max_actions, "expand_form": expand_form}
+    env = {"max_actions": max_actions, "expand_form": expand_form.split("-")[0]}
+    if expand_form == "judge-alone":  # each candidate judged in a context of its own
+        env["judge_context"] = "alone"
     recorder = RecordingBackend(model, tokenizer)
     evaluated = {r["id"]: r for r in evaluate(files, recorder, monkeypatch, options, env)}
     episodes, venv = rollout(files, HFBackend(model, tokenizer), tokenizer, SeedsR1(**options), env)
@@ -145,8 +147,20 @@ def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random
             assert record[key] == info[key], key
         forced = any(e["type"] == "note" and e["kind"] == "forced_answer" for e in record["trace"])
         assert forced == (force_answer and episode.finish_reason != "action_limit")
+        # Verdicts judged alone: the same contexts and verdict tokens as evaluation's verdict calls.
+        alone_calls = [c for c in recorder.calls if c[0][:len(prompt)] != prompt]
+        for row in episode.verdict_rows:
+            assert (row.token_ids[:-1], row.token_ids[-1:]) in alone_calls
     if policy == "script":  # snapshots longer than the cap: cut in policy tokens on both sides
         assert any("[truncated: observation limit reached]" in o for o in observations)
+    if expand_form == "judge-alone":  # no verdict in the stream; each one a row with its own context
+        assert not any("\nRead [1]?" in tokenizer.decode(e.token_ids) for e in episodes)
+    if expand_form == "judge-alone" and policy == "script":
+        rows = [row for e in episodes for row in e.verdict_rows]
+        assert rows and all(tokenizer.decode(r.token_ids[:-1]).endswith("the question? Answer:") for r in rows)
+        assert {tokenizer.decode(r.token_ids[-1:]) for r in rows} <= {" yes", " no"}
+        assert all(a.startswith("<expand>[1] ") for slot in venv.steps.values() for a, _ in slot
+                   if a.startswith("<expand>"))
     if expand_form == "judge" and policy == "script":  # snapshots judged: one verdict token per candidate
         judged = [e for e in episodes if "\nRead [1]?" in tokenizer.decode(e.token_ids)]
         assert judged and all(a.startswith("<expand>[1] ") for slot in venv.steps.values() for a, _ in slot

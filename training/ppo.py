@@ -62,7 +62,7 @@ from training.distributed import accumulating, backward, optimizer_step, reduce_
 from training.inputs import REPO_ROOT, next_questions
 from training.models import sequence_values
 from training.policy_eval import result_line
-from training.ppo_batch import episodes_to_batch, put, select
+from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows, put, select
 from training.ppo_core import (
     aggregate_loss,
     explained_variance,
@@ -179,10 +179,13 @@ def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask if with_reference else torch.zeros_like(mask)
     token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
                                         cfg.kl_coef)
+    E = len(episodes)  # the episode rows; verdict rows judged alone follow and take their episode's advantage
     advantages, returns = compute_advantages(cfg.advantage, AdvantageBatch(
-        model_mask=mask, token_rewards=token_rewards, values=values, scores=batch["reward"],
-        group_ids=batch["group_id"], gamma=cfg.gamma, lam=cfg.lam, std_normalize=cfg.grpo_std_normalize,
+        model_mask=mask[:E], token_rewards=token_rewards[:E], values=values[:E], scores=batch["reward"][:E],
+        group_ids=batch["group_id"][:E], gamma=cfg.gamma, lam=cfg.lam, std_normalize=cfg.grpo_std_normalize,
         accelerator=accelerator))
+    advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"])
+    returns = pad_rows(returns, mask.shape[0])
     if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
         advantages = advantages + cfg.verdict_credit * two_choice_advantages(
             old_logp, batch["choice_reward_gap"], batch["choice_mask"] * mask, accelerator)
@@ -191,7 +194,7 @@ def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
                                                            cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
-    extras = {"kl_old": kl_old, "overlong": overlong, "tis": tis_stats}
+    extras = {"kl_old": kl_old, "overlong": overlong[:E], "tis": tis_stats}
     return batch, extras
 
 
@@ -237,9 +240,11 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
     grad_norms = {"actor": [], "critic": []}
     gap = [0.0, 0.0]  # |sampler − trainer| log-prob sum and token count, before the first actor step
     shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
+    lengths = batch["attention_mask"].sum(-1)
     for epoch in range(cfg.ppo_epochs):
         order = torch.randperm(mask.shape[0], generator=shuffle).to(accelerator.device)
         for mini_index, mini in enumerate(order.tensor_split(cfg.mini_batches)):
+            mini = mini[lengths[mini].argsort(stable=True)]  # micro-batches of similar lengths: less padding to run
             n_tokens = global_token_count(mask[mini], accelerator)
             n_sequences = global_sequence_count(mask[mini], accelerator)
             micro = mini.split(cfg.micro_batch_size)

@@ -2,18 +2,43 @@
 
 Shapes: ``input_ids``/``attention_mask`` (B, T); every per-token tensor is (B, T−1) and
 position ``t`` is about token ``t+1`` (the log-prob at ``t`` predicts token ``t+1``, so
-``model_mask[:, t] = loss_mask[t+1]``); ``reward``/``group_id`` (B,).
+``model_mask[:, t] = loss_mask[t+1]``); ``reward``/``group_id``/``owner`` (B,).
+
+Rows: the episodes first (``owner`` −1), then the verdicts they judged in contexts of their own
+(``judge_context: alone``, :class:`training.rollout_judge.VerdictRow`; ``owner`` = the episode's
+row), each a short row whose one model token is its verdict.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 
+def verdict_rows_as_episodes(episodes: list) -> tuple[list, list[int]]:
+    """The episodes' :class:`~training.rollout_judge.VerdictRow` s as episode-shaped rows (loss and
+    choice mask on the verdict token, its reward gap there; the episode's reward and group), and
+    each one's owner (index into ``episodes``)."""
+    rows, owners = [], []
+    for index, e in enumerate(episodes):
+        for v in getattr(e, "verdict_rows", None) or ():
+            n = len(v.token_ids)
+            rows.append(SimpleNamespace(token_ids=v.token_ids, loss_mask=[0] * (n - 1) + [1],
+                                        sampler_logprobs=[0.0] * (n - 1) + [v.logprob], choice_mask=[0] * (n - 1) + [1],
+                                        choice_reward_gap=[0.0] * (n - 1) + [v.reward_gap], reward=e.reward,
+                                        group_id=e.group_id))
+            owners.append(index)
+    return rows, owners
+
+
 def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, torch.Tensor]:
     """Right-padded tensors. input_ids/attention_mask (B, T); per-token tensors (B, T−1), where
-    position t is about token t+1 (the log-prob at t predicts token t+1); reward/group_id (B,)."""
+    position t is about token t+1 (the log-prob at t predicts token t+1); reward/group_id/owner (B,):
+    the episodes' rows, then their verdict rows (:func:`verdict_rows_as_episodes`)."""
+    verdicts, owners = verdict_rows_as_episodes(episodes)
+    owner = [-1] * len(episodes) + owners
+    episodes = list(episodes) + verdicts
     width = max(len(e.token_ids) for e in episodes)
     B = len(episodes)
     ids = torch.full((B, width), pad_id, dtype=torch.long)
@@ -36,7 +61,7 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
              "sampler_logp": sampler[:, 1:], "choice_mask": choice[:, 1:],
              "choice_reward_gap": gap[:, 1:],
              "reward": torch.tensor([e.reward for e in episodes]),
-             "group_id": torch.tensor([e.group_id for e in episodes])}
+             "group_id": torch.tensor([e.group_id for e in episodes]), "owner": torch.tensor(owner)}
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -50,6 +75,29 @@ def select(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torc
             value = value[:, :width] if value.shape[1] == batch["input_ids"].shape[1] else value[:, :width - 1]
         out[key] = value
     return out
+
+
+def owners_advantages(advantages: torch.Tensor, mask: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    """Each verdict row's advantage: its episode's mean advantage over that episode's model tokens
+    (an outcome estimator's one value per episode), on the verdict row's model token.
+
+    advantages, mask: (B, T−1) with the E episode rows first; owner: (B,), −1 on episode rows.
+    Returns (B, T−1): the episode rows' advantages unchanged, the verdict rows' filled in."""
+    rows = owner >= 0
+    if not bool(rows.any()):
+        return advantages
+    E = int((~rows).sum())
+    per_episode = (advantages[:E] * mask[:E]).sum(-1) / mask[:E].sum(-1).clamp(min=1.0)  # (E,)
+    out = advantages.clone()
+    out[rows] = per_episode[owner[rows]].unsqueeze(-1) * mask[rows]
+    return out
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """(E, T) -> (rows, T): zero rows appended (the verdict rows after the episodes')."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
 
 
 def put(full: torch.Tensor, rows: torch.Tensor, part: torch.Tensor) -> None:

@@ -19,7 +19,7 @@ from training.config import PPOConfig, save_resolved, to_dict
 from training.cpu_threads import use_all_cores
 from training.distributed import check_process_count, configure_deepspeed, make_accelerator, uses_deepspeed
 from training.inputs import load_env_config, load_retriever, load_train_and_held_out
-from training.models import build_models
+from training.models import build_models, uses_critic
 from training.ppo_report import evaluate_policy
 from training.rollout_engine import build_rollout_backend, sync_rollout_weights
 from training.trajectories import seeds_r1_prompt_fn
@@ -30,6 +30,14 @@ def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.T
     if env_config.expand_form != "judge" or not cfg.constrain_verdicts:
         return None
     return torch.tensor(judge_token_ids(tokenizer), dtype=torch.long, device=device)
+
+
+def check_judge_context(cfg: PPOConfig, env_config: EnvConfig) -> None:
+    """Verdicts judged alone are rows of their own in the batch, with no value to learn: they need
+    a critic-free estimator, whose per-episode advantage each of them takes."""
+    if env_config.judge_context == "alone" and uses_critic(cfg):
+        raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp), "
+                         f"not advantage {cfg.advantage!r}: its verdict rows take their episode's advantage")
 
 
 def _lr_lambda(warmup: int):
@@ -118,6 +126,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     use_all_cores(accelerator.device)  # accelerate launch exports OMP_NUM_THREADS=1; SEEDS_RL_THREADS=N overrides
     set_seed(cfg.seed)
     cfg, resume_from = resume_point(cfg)
+    check_judge_context(cfg, load_env_config(cfg))
     retriever = retriever if retriever is not None else load_retriever(cfg)
     if examples is None or eval_examples is None:
         loaded_train, loaded_eval = load_train_and_held_out(cfg)

@@ -77,7 +77,7 @@ from methods.agent_loop import (
 from methods.llm import GenerationRequest, LLMBackend
 from methods.seeds import SeedsR1
 from training.rollout_generation import TurnGenerator, end_episode, eos_logprobs, request_seed
-from training.rollout_judge import judge_snapshots, judging_rows, record_judgement, verdict_reward_gaps
+from training.rollout_judge import VerdictRow, judge_snapshots, judging_rows, record_judgement, verdict_reward_gaps
 
 __all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
 
@@ -104,6 +104,8 @@ class Episode:
     # per token: at an accepted verdict, r(chosen) − r(other) of its candidate's own selection term
     # (envs.rewards.verdict_reward_gap), 0 elsewhere; the trainer's verdict_credit. Empty: none.
     choice_reward_gap: list[float] = field(default_factory=list)
+    # judge_context "alone": the verdicts judged in contexts of their own (rows of their own in training)
+    verdict_rows: list[VerdictRow] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.check()
@@ -172,6 +174,7 @@ class _Slot:
     choices: list[int] = field(default_factory=list)  # Episode.choice_mask
     pending_verdicts: list[tuple[int, bool]] = field(default_factory=list)  # (token position, opened) being judged
     judgements: list[tuple[int, list[tuple[int, bool]]]] = field(default_factory=list)  # (search index, verdicts)
+    verdict_rows: list[VerdictRow] = field(default_factory=list)  # Episode.verdict_rows
 
     def append(self, ids: list[int], mask: int, logprobs: list[float], choice: bool = False) -> None:
         """Tokens of the current turn: model tokens (``mask`` 1) or text it was given (0);
@@ -293,19 +296,22 @@ class _Batch:
                 continue
             open_rows.append(k)
         judging = judging_rows(observations, open_rows) if self.venv.config.expand_form == "judge" else {}
+        alone = self.venv.config.judge_context == "alone"  # the snapshot is shown as it is, verdicts elsewhere
         for k in open_rows:
-            if k not in judging and self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
+            if (alone or k not in judging) and self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
                 slots[k].turn += 1
         if answered:
             self.append_eos(slots, answered)
         if judging:
             self.judge(slots, judging)
 
-    def judge(self, slots: list[_Slot], judging: dict[int, tuple[list[str], str]]) -> None:
-        """Snapshots in the judgement form: interleaved verdicts (:mod:`training.rollout_judge`), then
-        the expand step they make and its observation; the judgement is a turn of its own."""
-        for k in judging:
-            slots[k].turn += 1
+    def judge(self, slots: list[_Slot], judging: dict[int, str]) -> None:
+        """Snapshots in the judgement form: verdicts (:mod:`training.rollout_judge`), then the expand
+        step they make and its observation; the judgement is a turn of its own."""
+        judging = {k: obs for k, obs in judging.items() if not slots[k].done}
+        if self.venv.config.judge_context == "stream":
+            for k in judging:
+                slots[k].turn += 1
         expands = judge_snapshots(self, slots, judging)
         if not expands:
             return
@@ -384,7 +390,8 @@ def _episode(slot: _Slot, tokenizer: Any, reward_config: RewardConfig) -> Episod
                    reward=reward, info=info, finish_reason=slot.finish_reason,
                    text=tokenizer.decode(slot.ids, skip_special_tokens=False),
                    choice_mask=slot.choices if any(slot.choices) else [],
-                   choice_reward_gap=verdict_reward_gaps(slot, len(slot.ids), reward_config))
+                   choice_reward_gap=verdict_reward_gaps(slot, len(slot.ids), reward_config),
+                   verdict_rows=slot.verdict_rows)
 
 
 # ------------------------------------------------------------------------------ statistics

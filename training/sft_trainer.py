@@ -119,7 +119,8 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
         model, tokenizer = _load_for_training(config)
     ensure_pad_token(tokenizer)
     rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length,
-                    expand_form=(config.env or {}).get("expand_form", "list"), train_verdicts=config.train_verdicts)
+                    expand_form=(config.env or {}).get("expand_form", "list"), train_verdicts=config.train_verdicts,
+                    judge_context=(config.env or {}).get("judge_context", "stream"))
     if not rows:
         raise ValueError("no accepted training trajectories")
     callbacks = []

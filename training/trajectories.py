@@ -231,11 +231,14 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
 # ================================================================================ token layout
 
 def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list",
-                        train_verdicts: bool = True) -> dict[str, list[int]]:
+                        train_verdicts: bool = True, judge_context: str = "stream") -> dict[str, list[int]]:
     """``input_ids`` and ``loss_mask`` exactly as :func:`training.rollout.collect_rollouts` lays
     out the same episode (the EOS after an accepted final answer is a trained token). With
     ``expand_form="judge"`` a snapshot followed by its judgement expand is rendered interleaved
-    (:func:`envs.protocol.judge_chunks`): each candidate, then its one-token verdict (trained)."""
+    (:func:`envs.protocol.judge_chunks`): each candidate, then its one-token verdict (trained).
+    With ``judge_context="alone"`` the verdicts are made outside the stream: the snapshot is an
+    observation and the judgement expand after it is text the model did not write (mask 0), so
+    the teacher's choices are shown, never imitated."""
     ids: list[int] = []
     mask: list[int] = []
     segments = record["segments"]
@@ -250,9 +253,11 @@ def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list",
             bit = 0
         elif role == "model":
             piece, bit, bits = list(tokenizer(text, add_special_tokens=False)["input_ids"]), 1, None
+            if judge_context == "alone" and k and _judged_verdicts(segments[k - 1]["text"], segment):
+                bit = 0  # the expand the verdicts judged alone make: shown to the model, not written by it
         elif role == "observation":
             verdicts = _judged_verdicts(text, segments[k + 1] if k + 1 < len(segments) else None) \
-                if expand_form == "judge" else None
+                if expand_form == "judge" and judge_context == "stream" else None
             if verdicts:
                 piece, bits = _interleaved(text, verdicts, tokenizer, train_verdicts)
                 skip = True  # the expand's text is the verdicts, already laid out
@@ -326,11 +331,11 @@ def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, te
 
 
 def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
-             expand_form: str = "list", train_verdicts: bool = True) -> list[dict]:
+             expand_form: str = "list", train_verdicts: bool = True, judge_context: str = "stream") -> list[dict]:
     """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped."""
     rows = []
     for record in records:
-        layout = tokenize_trajectory(record, tokenizer, expand_form, train_verdicts)
+        layout = tokenize_trajectory(record, tokenizer, expand_form, train_verdicts, judge_context)
         if max_length is not None and len(layout["input_ids"]) > max_length:
             log.warning("dropping trajectory %s: %d tokens > max_length %d", record["id"], len(layout["input_ids"]),
                         max_length)
