@@ -56,6 +56,9 @@ def sample(cfg: PPOConfig, args, model, tokenizer, retriever, questions: list) -
     if env_config.expand_form != "judge":
         raise SystemExit(f"the recipe's env judges nothing (expand_form {env_config.expand_form!r}); "
                          "this diagnostic needs expand_form: judge")
+    if env_config.judge_context != "stream":
+        raise SystemExit("this diagnostic reads verdicts in the episode's token stream; the recipe judges each "
+                         f"candidate {env_config.judge_context} (add `-- --env.judge_context stream`)")
     wanted = args.train_questions + args.test_questions
     if len(questions) < wanted:
         raise SystemExit(f"{wanted} questions asked for, the recipe has {len(questions)} training questions")

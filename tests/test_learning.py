@@ -19,12 +19,17 @@ did not learn to tell "It holds the amber." from "It is empty." through PPO with
 README ("Training SEEDS-R1"). The trainer runs as the main job does: constrained verdicts (two-way
 log-probs) and a group baseline (``advantage: grpo``, no critic). Broken trainers fail this test
 (checked by hand, README): a flipped advantage sign, a zeroed loss mask, or a skipped optimizer step.
+
+The same world with each box judged in a context of its own (``judge_context: alone``: the box's
+title and text, then the question; no number) is learnt by CONTENT: the verdicts are rows of their
+own in the batch, taking their episode's advantage. Its warm start shows the teacher's expand
+without training it, so the greedy policy starts by opening every box (precision 0.2, chance).
 """
 from __future__ import annotations
 
 import pytest
 
-from training.box_world import build, ppo_config, warm_start
+from training.box_world import ALONE_ENV, build, ppo_config, warm_start
 
 
 @pytest.fixture(scope="module")
@@ -42,4 +47,17 @@ def test_ppo_learns_which_box_to_open(setup):
     print("learning test:", result["comparison"])
     assert precision["after"] >= precision["before"] + 0.5  # far above where PPO started (opens none)
     assert precision["after"] >= 0.6  # and far above chance (one box of five: 0.2)
+    assert reward["after"] >= 0.5 and reward["lo"] > 0  # the gain's paired bootstrap interval excludes 0
+
+
+def test_ppo_learns_which_box_to_open_judging_each_alone(setup):
+    from training.ppo import train
+
+    sft_dir = warm_start(setup, ALONE_ENV, name="sft-alone")
+    result = train(ppo_config(setup, sft_dir, env=dict(ALONE_ENV), output_dir=str(setup["folder"] / "ppo-alone")),
+                   retriever=setup["retriever"], examples=setup["train"], eval_examples=setup["held_out"])
+    precision, reward = result["comparison"]["precision"], result["comparison"]["reward"]
+    print("learning test (alone):", result["comparison"])
+    assert precision["after"] >= precision["before"] + 0.5  # far above where PPO started
+    assert precision["after"] >= 0.8  # and far above chance (one box of five: 0.2)
     assert reward["after"] >= 0.5 and reward["lo"] > 0  # the gain's paired bootstrap interval excludes 0

@@ -2,7 +2,8 @@
 (``tests/test_learning.py``) and the yardstick of ``scripts/compare_estimators.py``.
 
 Every search shows five boxes; the first holds something (the positive), the four others are empty.
-The policy judges each box in the judgement form (``expand_form: judge``). The reward counts only what
+The policy judges each box in the judgement form (``expand_form: judge``; :data:`ALONE_ENV`: each box
+judged in a context of its own, ``judge_context: alone``). The reward counts only what
 was opened (+1 for the full box, −0.25 per empty one, −0.1 per invalid action), so opening all and
 opening none both score 0 and only credit assignment can raise it. The policy is a tiny random Llama
 (2 layers, width 64) over a tokenizer trained here, warm-started by the scripted teacher that opens
@@ -33,6 +34,7 @@ ENV = {"max_actions": 3, "max_searches": 1, "expand_form": "judge", "shuffle_can
        "candidates_per_search": 5, "max_expand": 5, "preview": {"max_tokens": 12}, "max_obs_tokens": 200,
        "reward": {"answer_weight": 0.0, "format_penalty": 0.1, "positive_opened_bonus": 1.0,
                   "negative_opened_penalty": 0.25, "missed_positive_penalty": 0.0}}
+ALONE_ENV = {**ENV, "judge_context": "alone"}  # a box's verdict sees its title and text, not its number
 
 
 def world(n_questions: int = 120, seed: int = 0) -> tuple[list[Passage], list[QAExample]]:
@@ -108,18 +110,19 @@ def build(folder: str | Path) -> dict:
             "folder": folder, "retriever": BoxRetriever(passages)}
 
 
-def warm_start_config(setup) -> WarmStartConfig:
+def warm_start_config(setup, env: dict | None = None, name: str = "sft") -> WarmStartConfig:
     """The scripted teacher opening two random boxes; 30 epochs (TRL) on the training questions."""
     return WarmStartConfig(model=str(setup["base"]), dtype="float32", device="cpu",
-                           output_dir=str(setup["folder"] / "sft"), env=dict(ENV), teacher_think=False,
+                           output_dir=str(setup["folder"] / name), env=dict(env or ENV), teacher_think=False,
                            teacher_random_expand=2, teacher_second_search=False, epochs=30,
                            learning_rate=3e-3, batch_size=16, warmup_ratio=0.0, dev_eval=False, dev_fraction=0.0,
                            max_length=1024, num_envs=16)
 
 
-def warm_start(setup) -> str:
-    """The SFT warm start of the learning test (``training.sft.run``); returns the model folder."""
-    result = run_sft(warm_start_config(setup), retriever=setup["retriever"], examples=setup["train"],
+def warm_start(setup, env: dict | None = None, name: str = "sft") -> str:
+    """The SFT warm start of the learning test (``training.sft.run``) in ``env`` (default
+    :data:`ENV`) under ``folder/name``; returns the model folder."""
+    result = run_sft(warm_start_config(setup, env, name), retriever=setup["retriever"], examples=setup["train"],
                      tokenizer=setup["tok"])
     return result["model_dir"]
 

@@ -1,0 +1,137 @@
+"""The judgement form with ``judge_context: alone``: each candidate is judged in a short context of
+its own (the candidate, then the question), the episode's stream shows the snapshot and the expand
+those verdicts make, and the trainer scores each verdict as a row of its own that takes its
+episode's advantage (plus its candidate's own term with ``verdict_credit``)."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
+
+from envs.config import EnvConfig
+from envs.protocol import JUDGE_ALONE, judge_alone_prompts, judge_token_ids, snapshot_candidates
+from envs.rewards import verdict_reward_gap
+from envs.vector_env import SearchVectorEnv
+from inference.backends.hf import HFBackend
+from methods.seeds import SeedsR1
+from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
+from training.rollout import RolloutConfig, collect_rollouts
+from training.trajectories import tokenize_trajectory
+
+SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
+
+
+def test_judge_context_is_checked():
+    assert EnvConfig().judge_context == "stream"
+    assert EnvConfig(expand_form="judge", judge_context="alone").judge_context == "alone"
+    with pytest.raises(ValueError, match="judge_context"):
+        EnvConfig(expand_form="judge", judge_context="elsewhere")
+    with pytest.raises(ValueError, match="expand_form: judge"):
+        EnvConfig(judge_context="alone")  # the list form judges nothing
+
+
+def test_alone_prompts_put_the_question_after_each_candidate():
+    prompts = judge_alone_prompts(" capital of France? ", SNAPSHOT)
+    assert prompts == [JUDGE_ALONE.format(candidate="Paris: capital of France", question="capital of France?"),
+                       JUDGE_ALONE.format(candidate="Seine: a river", question="capital of France?")]
+    assert prompts[1].startswith("Seine: a river\nQuestion: capital of France?\n")
+    assert judge_alone_prompts("q", "<information>\n[1] x\n</information>") == []
+
+
+def test_sft_shows_the_expand_of_verdicts_judged_alone_without_training_it():
+    from tests.tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    expand = "<expand>[1] yes [2] no</expand>"
+    record = {"segments": [
+        {"role": "prompt", "text": "Question: capital?"}, {"role": "model", "text": "<search>capital</search>"},
+        {"role": "observation", "text": SNAPSHOT}, {"role": "model", "text": expand},
+        {"role": "observation", "text": "<information>\n[1] Paris\nParis is the capital.\n</information>"},
+        {"role": "model", "text": "<answer>Paris</answer>"}], "accepted": True}
+    alone = tokenize_trajectory(record, tok, "judge", judge_context="alone")
+    listed = tokenize_trajectory(record, tok, "list")
+    assert alone["input_ids"] == listed["input_ids"]  # the snapshot as an observation, then the expand's text
+    expand_ids = tok(expand, add_special_tokens=False)["input_ids"]
+    start = next(i for i in range(len(alone["input_ids"])) if alone["input_ids"][i:i + len(expand_ids)] == expand_ids)
+    assert not any(alone["loss_mask"][start:start + len(expand_ids)])  # shown, not imitated
+    assert all(listed["loss_mask"][start:start + len(expand_ids)])
+    assert sum(alone["loss_mask"]) == sum(listed["loss_mask"]) - len(expand_ids)
+
+
+def alone_rollouts(model, tokenizer, retriever, examples, seed=5):  # noqa: F811
+    env_config = EnvConfig(expand_form="judge", judge_context="alone", max_actions=4, max_searches=1,
+                           shuffle_candidates=True)
+    venv = SearchVectorEnv(retriever, num_envs=4, config=env_config, tokenizer=tokenizer)
+    config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, samples_per_question=4, seed=seed)
+    prompt = functools.partial(SeedsR1.prompt, env=env_config)
+    return collect_rollouts(HFBackend(model, tokenizer), venv, examples[:3], config, prompt), venv
+
+
+def test_rollout_keeps_each_verdict_as_a_row_with_its_gap(script_lm, tokenizer, retriever, examples):  # noqa: F811
+    episodes, venv = alone_rollouts(script_lm, tokenizer, retriever, examples)
+    yes, no = judge_token_ids(tokenizer)
+    kinds = set()
+    for episode in episodes:
+        search = episode.info["searches"][0]
+        correct = episode.info["metrics"]["em"] == 1.0
+        assert episode.choice_mask == [] and episode.choice_reward_gap == []  # no verdict in the stream
+        assert len(episode.verdict_rows) == len(search["positive"]) > 0
+        text = tokenizer.decode(episode.token_ids)
+        shown = snapshot_candidates("<snapshot>" + text.split("<snapshot>", 1)[1].split("</snapshot>", 1)[0]
+                                    + "</snapshot>")
+        for number, (row, positive) in enumerate(zip(episode.verdict_rows, search["positive"]), start=1):
+            assert row.token_ids[-1] in (yes, no) and row.logprob <= 0.0
+            context = tokenizer.decode(row.token_ids[:-1], skip_special_tokens=True)
+            assert context.startswith(shown[number - 1][:20])  # the candidate first, then the question
+            opened = row.token_ids[-1] == yes
+            assert opened == (number in search["expanded"])
+            assert row.reward_gap == pytest.approx(verdict_reward_gap(opened, positive, correct, venv.config.reward))
+            kinds.add((opened, positive))
+        expand = "<expand>" + " ".join(f"[{i}] {'yes' if r.token_ids[-1] == yes else 'no'}"
+                                       for i, r in enumerate(episode.verdict_rows, start=1)) + "</expand>"
+        assert expand in text  # the verdicts' expand, in the episode's stream
+    assert len(kinds) >= 2
+
+
+def test_the_expand_of_alone_verdicts_is_not_a_model_token(script_lm, tokenizer, retriever, examples):  # noqa: F811
+    episodes, _ = alone_rollouts(script_lm, tokenizer, retriever, examples)
+    for episode in episodes:
+        model_text = tokenizer.decode([t for t, m in zip(episode.token_ids, episode.loss_mask) if m])
+        assert "<expand>" not in model_text and "<search>" in model_text
+
+
+def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm, tokenizer, retriever,  # noqa: F811
+                                                                        examples):
+    episodes, _ = alone_rollouts(script_lm, tokenizer, retriever, examples)
+    batch = episodes_to_batch(episodes, tokenizer.pad_token_id, "cpu")
+    E, V = len(episodes), sum(len(e.verdict_rows) for e in episodes)
+    assert batch["input_ids"].shape[0] == E + V
+    owner = batch["owner"]
+    assert owner[:E].eq(-1).all() and owner[E:].tolist() == [i for i, e in enumerate(episodes) for _ in e.verdict_rows]
+    mask = batch["model_mask"]
+    assert mask[E:].sum(-1).eq(1).all() and batch["choice_mask"][E:].eq(mask[E:]).all()
+    assert torch.equal(batch["reward"][E:], batch["reward"][owner[E:]])
+    row = episodes[0].verdict_rows[0]
+    last = len(row.token_ids) - 2  # the position that predicts the verdict
+    assert batch["sampler_logp"][E, last] == pytest.approx(row.logprob)
+    assert batch["choice_reward_gap"][E, last] == pytest.approx(row.reward_gap)
+    # an outcome estimator's per-episode advantage, copied onto each of its verdicts
+    per_episode = torch.arange(1.0, E + 1.0)
+    advantages = owners_advantages(pad_rows(per_episode[:, None] * mask[:E], E + V), mask, owner)
+    assert torch.equal(advantages[:E], per_episode[:, None] * mask[:E])
+    assert torch.allclose(advantages[E:].sum(-1), per_episode[owner[E:]])
+    assert torch.equal(advantages[E:] != 0, mask[E:].bool())
+
+
+def test_a_critic_is_refused_with_verdicts_judged_alone():
+    from envs.config import EnvConfig as Env
+    from training.config import PPOConfig
+    from training.ppo_setup import check_judge_context
+
+    alone = Env(expand_form="judge", judge_context="alone")
+    with pytest.raises(ValueError, match="critic-free"):
+        check_judge_context(PPOConfig(advantage="gae"), alone)
+    check_judge_context(PPOConfig(advantage="grpo"), alone)
+    check_judge_context(PPOConfig(advantage="gae"), Env(expand_form="judge"))
