@@ -126,7 +126,8 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
         slot.verdict_rows.append(VerdictRow(list(request.prompt) + list(completion.token_ids),
                                             float(completion.logprobs[0])))
         words[k].append(tokenizer.decode(completion.token_ids))
-        slot.pending_verdicts.append((len(slot.verdict_rows) - 1, words[k][-1].strip().lower() == JUDGE_WORDS[0].strip()))
+        opened = words[k][-1].strip().lower() == JUDGE_WORDS[0].strip()
+        slot.pending_verdicts.append((len(slot.verdict_rows) - 1, opened))
     actions = {}
     for k, chosen in words.items():
         action = judgement_action(chosen)
