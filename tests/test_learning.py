@@ -23,7 +23,7 @@ log-probs) and a group baseline (``advantage: grpo``, no critic). Broken trainer
 The same world with each box judged in a context of its own (``judge_context: alone``: the box's
 title and text, then the question; no number) is learnt by CONTENT: the verdicts are rows of their
 own in the batch, taking their episode's advantage. Its warm start shows the teacher's expand
-without training it, so the greedy policy starts by opening every box (precision 0.2, chance).
+without training it; its greedy policy opened every box (precision 0.2, chance) in the runs measured.
 """
 from __future__ import annotations
 
