@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(args.model)
-    model = load_causal_lm(args.model, device="cpu", dtype=torch.bfloat16).eval()
+    model = load_causal_lm(args.model, device="cpu", dtype="native").eval()
     cfg = load_config(PPOConfig, ["--config", args.config, *overrides])
     result = measure(cfg, args, model, tokenizer, load_retriever(cfg), load_train_and_held_out(cfg)[0])
     out = Path(args.out)

@@ -74,7 +74,7 @@ class PPOConfig:
     sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
     require_sft_checkpoint: bool = False  # true: refuse to start without sft_checkpoint (no quick warm start)
     sft: dict[str, Any] = field(default_factory=dict)  # WarmStartConfig overrides for it (--sft.epochs 1)
-    dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it
+    dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it; "native": bf16 also on bf16 CPUs
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
