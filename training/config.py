@@ -77,6 +77,9 @@ class PPOConfig:
     dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it; "native": bf16 also on bf16 CPUs
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    # run the actor's frozen bottom layers (below LoRA's lora.top_layers) once per update, not once per
+    # PPO epoch (training/frozen_prefix.py); costs B x T x hidden activations of memory per update
+    cache_frozen_layers: bool = False
     logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
     lora: LoraSettings = field(default_factory=LoraSettings)
     # ---- data

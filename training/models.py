@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from inference.models import ensure_pad_token, load_causal_lm, load_tokenizer, strip_gguf_quantizer
 from training.config import LoraSettings, PPOConfig
+from training.frozen_prefix import decoder_of, top_hidden, unwrap_peft
 from training.ppo_core import (
     choice_entropy_from_logits,
     choice_logprobs_from_logits,
@@ -34,22 +35,9 @@ from training.ppo_core import (
 )
 
 
-def _unwrap_peft(model: nn.Module) -> nn.Module:
-    """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
-def _decoder(lm: nn.Module) -> nn.Module:
-    """The base decoder (embeddings + blocks + final norm) of a ``*ForCausalLM``."""
-    lm = _unwrap_peft(lm)
-    decoder = getattr(lm, "base_model", lm)
-    return decoder if decoder is not lm else lm.get_decoder()
-
-
 def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """lm_head (+ final logit soft-capping, e.g. Gemma 2) on hidden states (N, H) -> (N, V)."""
-    base = _unwrap_peft(lm)
+    base = unwrap_peft(lm)
     logits = base.get_output_embeddings()(hidden)
     cap = getattr(base.config.get_text_config(), "final_logit_softcapping", None)
     if cap:
@@ -59,7 +47,8 @@ def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 1024,
                       target_mask: torch.Tensor | None = None, with_entropy: bool = False,
-                      choice_mask: torch.Tensor | None = None, choice_ids: torch.Tensor | None = None
+                      choice_mask: torch.Tensor | None = None, choice_ids: torch.Tensor | None = None,
+                      prefix: torch.Tensor | None = None, prefix_depth: int = 0
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(ids[t+1] | ids[≤t]) for t < T−1, and optionally the entropy of π(· | ids[≤t]).
 
@@ -67,12 +56,18 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     target_mask: (B, T−1) or None; where given, the lm_head runs only on positions with mask 1
     (others get 0). choice_mask: (B, T−1) or None, with choice_ids (C,): at positions with mask 1
     the token was drawn among those choices only, and its log-prob and entropy are those of the
-    distribution renormalised over them (constrained verdicts).
+    distribution renormalised over them (constrained verdicts). prefix: (B, T, H) or None, the
+    hidden states after the first ``prefix_depth`` (frozen) decoder layers
+    (:mod:`training.frozen_prefix`): only the layers above them run.
     Returns logp (B, T−1) float32 and entropy (B, T−1) float32 or None.
     The lm_head runs ``chunk`` positions at a time; with gradients each chunk is checkpointed,
     so backward keeps the hidden states, not the (N, V) logits.
     """
-    hidden = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    if prefix is not None:
+        hidden = top_hidden(model, prefix, attention_mask, prefix_depth)
+    else:
+        decoder = decoder_of(model)
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     hidden, labels = hidden[:, :-1], input_ids[:, 1:]
     B, T1 = labels.shape
     if target_mask is None:
@@ -124,9 +119,10 @@ class PolicyModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor | None = None,
                 with_entropy: bool = False, choice_mask: torch.Tensor | None = None,
-                choice_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                choice_ids: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
+                prefix_depth: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         return sequence_logprobs(self.lm, input_ids, attention_mask, self.chunk, target_mask, with_entropy,
-                                 choice_mask, choice_ids)
+                                 choice_mask, choice_ids, prefix, prefix_depth)
 
 
 class ValueHead(nn.Module):
@@ -183,7 +179,7 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
     num_layers = lm.config.get_text_config().num_hidden_layers
     critic = None
     if uses_critic(cfg):
-        backbone = copy.deepcopy(_decoder(lm))  # the critic's own copy, same initial weights
+        backbone = copy.deepcopy(decoder_of(lm))  # the critic's own copy, same initial weights
         if cfg.lora.enabled and cfg.lora.critic:
             backbone = get_peft_model(backbone, lora_config(cfg.lora, None, num_layers))
         critic = ValueHead(backbone, hidden_size)
@@ -204,8 +200,8 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
                                          choice_mask=choice_mask, choice_ids=choice_ids)[0]
     if cfg.gradient_checkpointing:
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
-        _unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
-        critic_base = _unwrap_peft(critic.backbone) if critic is not None else None
+        unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
+        critic_base = unwrap_peft(critic.backbone) if critic is not None else None
         if hasattr(critic_base, "gradient_checkpointing_enable"):
             critic_base.gradient_checkpointing_enable(**kwargs)
     return Models(actor, critic, reference_logprobs, ensure_pad_token(tokenizer))

@@ -59,6 +59,7 @@ from training.config import PPOConfig, load_config
 from training.curves import write_curves_or_warn
 from training.dapo import EXTRA_STREAM_SEED, dynamic_sample, overlong_penalty
 from training.distributed import accumulating, backward, optimizer_step, reduce_mean
+from training.frozen_prefix import prefix_hidden
 from training.inputs import REPO_ROOT, next_questions
 from training.models import sequence_values
 from training.policy_eval import result_line
@@ -146,6 +147,25 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
     return episodes, sampling_stats, t_sync
 
 
+def frozen_prefix_states(run: Run, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T, H): every row's hidden states after the actor's frozen bottom layers, computed in
+    micro-batches of similar lengths (:func:`training.frozen_prefix.prefix_hidden`)."""
+    lengths = batch["attention_mask"].sum(-1)
+    states = None
+    for rows in lengths.argsort(stable=True).split(run.cfg.micro_batch_size):
+        mb = select(batch, rows)
+        hidden = prefix_hidden(run.policy.lm, mb["input_ids"], mb["attention_mask"], run.frozen_depth)
+        if states is None:
+            states = hidden.new_zeros((*batch["input_ids"].shape, hidden.shape[-1]))
+        states[rows, :hidden.shape[1]] = hidden
+    return states
+
+
+def prefix_of(run: Run, mb: dict[str, torch.Tensor]) -> dict:
+    """The actor's keyword arguments that start it from the cached frozen states, if any."""
+    return {"prefix": mb["prefix"], "prefix_depth": run.frozen_depth} if "prefix" in mb else {}
+
+
 def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     """The update's batch (:mod:`training.ppo_batch`) with, per model token (B, T−1): old and
     reference log-probs and values (no gradients), token rewards, advantages and returns, and with
@@ -162,13 +182,15 @@ def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     old_logp = torch.zeros_like(mask) if recompute else batch["sampler_logp"] * mask
     ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
     set_train_mode(False, run.actor, run.critic)
+    if run.frozen_depth:  # the frozen bottom layers, once for the whole update
+        batch["prefix"] = frozen_prefix_states(run, batch)
     with torch.no_grad():
         for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.micro_batch_size):
             mb = select(batch, rows)
             choices = {"choice_mask": mb["choice_mask"], "choice_ids": run.choice_ids}
             if recompute:
                 put(old_logp, rows, run.actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"],
-                                              **choices)[0])
+                                              **choices, **prefix_of(run, mb))[0])
             if with_reference:
                 put(ref_logp, rows, run.models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
                                                                   mb["model_mask"], **choices))
@@ -217,7 +239,7 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
         if train_actor:
             stack.enter_context(accumulating(accelerator, run.actor, last))
             logp, entropy = run.actor(mb["input_ids"], mb["attention_mask"], target_mask=m, with_entropy=True,
-                                      choice_mask=mb["choice_mask"], choice_ids=run.choice_ids)
+                                      choice_mask=mb["choice_mask"], choice_ids=run.choice_ids, **prefix_of(run, mb))
             actor_loss, p_sum, h_sum, p_stats = actor_objective(cfg, logp, entropy, mb, n_tokens, n_sequences)
             losses.append((run.actor, actor_loss * W))
             count = float(m.sum())

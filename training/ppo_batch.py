@@ -71,7 +71,7 @@ def select(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torc
     out = {}
     for key, value in batch.items():
         value = value[rows]
-        if value.dim() == 2:
+        if value.dim() >= 2:  # (B, T), (B, T−1) or per-token states (B, T, H)
             value = value[:, :width] if value.shape[1] == batch["input_ids"].shape[1] else value[:, :width - 1]
         out[key] = value
     return out

@@ -18,6 +18,7 @@ from training.checkpoint import load_latest
 from training.config import PPOConfig, save_resolved, to_dict
 from training.cpu_threads import use_all_cores
 from training.distributed import check_process_count, configure_deepspeed, make_accelerator, uses_deepspeed
+from training.frozen_prefix import frozen_depth
 from training.inputs import load_env_config, load_retriever, load_train_and_held_out
 from training.models import build_models, uses_critic
 from training.ppo_report import evaluate_policy
@@ -67,6 +68,7 @@ class Run:
     optimizers: dict = dataclasses.field(default_factory=dict)
     schedulers: dict = dataclasses.field(default_factory=dict)
     backend: Any = None
+    frozen_depth: int = 0  # cache_frozen_layers: the actor's bottom layers run once per update
 
     @property
     def pad_id(self) -> int:
@@ -116,6 +118,10 @@ def prepare_optimization(run: Run) -> None:
         prepared, run.optimizers[name] = accelerator.prepare(model, optimizer)
         setattr(run, name, prepared)
     run.policy = accelerator.unwrap_model(run.actor)
+    run.frozen_depth = frozen_depth(run.policy.lm) if cfg.cache_frozen_layers else 0
+    if cfg.cache_frozen_layers and not run.frozen_depth and accelerator.is_main_process:
+        print("[ppo] cache_frozen_layers: no frozen layers below the trainable ones (set lora.top_layers); "
+              "nothing is cached", flush=True)
     run.value_model = accelerator.unwrap_model(run.critic) if run.critic is not None else None
 
 

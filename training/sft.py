@@ -160,7 +160,7 @@ def warm_start_config(ppo_cfg: PPOConfig) -> WarmStartConfig:
     """
     values = dict(PPO_WARM_START)
     values.update(model=str(ppo_cfg.model), dtype=str(ppo_cfg.dtype), seed=int(ppo_cfg.seed), index=ppo_cfg.index,
-                  corpus=ppo_cfg.corpus, retriever=ppo_cfg.retriever,
+                  corpus=ppo_cfg.corpus, retriever=ppo_cfg.retriever, cache_frozen_layers=ppo_cfg.cache_frozen_layers,
                   output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
                   env=dataclasses.asdict(load_env_config(ppo_cfg)),
                   lora=dataclasses.asdict(ppo_cfg.lora))

@@ -67,6 +67,7 @@ class WarmStartConfig:
     weight_decay: float = 0.0
     max_length: int = 4096  # longer trajectories are dropped (never cut: the answer is at the end)
     gradient_checkpointing: bool = False
+    cache_frozen_layers: bool = False  # LoRA on the top layers: run the frozen ones once per row, not per epoch
     logging_steps: int = 5
     report_to: str = "none"
     progress: bool = True  # the Trainer's progress bar

@@ -25,6 +25,7 @@ from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from inference.models import ensure_pad_token, load_causal_lm, load_tokenizer
+from training.frozen_prefix import PrefixCache, frozen_depth
 from training.models import lora_config, sequence_logprobs
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 from training.sft_config import WarmStartConfig
@@ -155,6 +156,9 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
         "train_examples": len(rows),
         "dev_questions": len(dev_examples),
         "collection": collection or {},
+        "frozen_prefix": None if trainer.prefix_cache is None else {
+            "depth": trainer.prefix_cache.depth, "rows": len(trainer.prefix_cache.states),
+            "reused": trainer.prefix_cache.hits},
     }
     write_text_atomic(json.dumps(summary, indent=2, default=str), out / "sft_summary.json")
     return summary
@@ -183,21 +187,28 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
         use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not config.progress,
         **_checkpointing(config.gradient_checkpointing),
     )
-    return ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
-                                    processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
+    trainer = ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
+                                       processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
+    depth = frozen_depth(trainer.model) if config.cache_frozen_layers else 0
+    if depth:
+        trainer.prefix_cache = PrefixCache(depth)
+    return trainer
 
 
-def model_token_nll(model: Any, input_ids: Any, attention_mask: Any, labels: Any, chunk: int = 1024) -> tuple[Any, Any]:
+def model_token_nll(model: Any, input_ids: Any, attention_mask: Any, labels: Any, chunk: int = 1024,
+                    prefix: Any = None, prefix_depth: int = 0) -> tuple[Any, Any]:
     """Summed negative log-likelihood of the labelled tokens, and how many there are.
 
     input_ids, attention_mask, labels: (B, T); labels are -100 where no loss is taken (prompt,
     observations, padding). Position t of the model predicts token t+1, as in a causal LM loss.
     The lm_head runs only on the positions whose next token is labelled
     (:func:`training.models.sequence_logprobs`), so a 262k vocabulary never yields (B, T, V)
-    logits. Returns (nll_sum () float32, n_tokens () int64).
+    logits. prefix (B, T, H), prefix_depth: start above the frozen layers (:mod:`training.frozen_prefix`).
+    Returns (nll_sum () float32, n_tokens () int64).
     """
     targets = labels[:, 1:] != -100  # (B, T-1)
-    logp, _ = sequence_logprobs(model, input_ids, attention_mask, chunk=chunk, target_mask=targets.long())
+    logp, _ = sequence_logprobs(model, input_ids, attention_mask, chunk=chunk, target_mask=targets.long(),
+                                prefix=prefix, prefix_depth=prefix_depth)
     return -(logp * targets).sum(), targets.sum()
 
 
@@ -206,8 +217,15 @@ class ModelTokenLossSFTTrainer(SFTTrainer):
     cross-entropy over labelled tokens (over the whole accumulated batch when the Trainer
     passes ``num_items_in_batch``), without materialising logits for unlabelled positions."""
 
+    prefix_cache: PrefixCache | None = None  # cache_frozen_layers: set by build_trainer when layers are frozen
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        nll, count = model_token_nll(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"])
+        prefix = {}
+        if self.prefix_cache is not None:  # the frozen bottom layers run once per distinct row, not per epoch
+            prefix = {"prefix": self.prefix_cache.prefix(model, inputs["input_ids"], inputs["attention_mask"]),
+                      "prefix_depth": self.prefix_cache.depth}
+        nll, count = model_token_nll(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"],
+                                     **prefix)
         denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
         if hasattr(denominator, "to"):
             denominator = denominator.to(nll.device)

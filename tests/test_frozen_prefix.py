@@ -1,0 +1,113 @@
+"""cache_frozen_layers: the actor's frozen bottom run once per update gives the same log-probs,
+gradients and trained weights as the full forward (tiny Llama and Gemma 3, CPU)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tests.test_ppo_loop import probe, tiny_cfg, trainable
+from tests.tiny_models import tiny_gemma3, tiny_llama, tiny_tokenizer
+from training.config import LoraSettings
+from training.frozen_prefix import frozen_depth, prefix_hidden
+from training.models import wrap_models
+from training.ppo import train
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def lora_actor(tok, family: str, top_layers: int | None):
+    lm = tiny_llama(tok) if family == "llama" else tiny_gemma3(tok, window=3)
+    cfg = tiny_cfg("unused", lora=LoraSettings(r=4, alpha=8, top_layers=top_layers), critic_warmup_updates=0)
+    actor = wrap_models(lm, tok, cfg).actor
+    for name, p in actor.named_parameters():  # LoRA's B starts at 0: move it, so the adapters matter
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.2)
+    return actor
+
+
+def logprobs_and_grads(actor, ids, attention, **prefix):
+    actor.zero_grad()
+    logp, entropy = actor(ids, attention, with_entropy=True, **prefix)
+    (logp.sum() + entropy.sum()).backward()
+    grads = {n: p.grad.clone() for n, p in actor.named_parameters() if p.requires_grad}
+    return logp.detach(), entropy.detach(), grads
+
+
+@pytest.mark.parametrize("family, top_layers, depth", [("llama", 1, 1), ("gemma3", 1, 2), ("gemma3", 2, 1)])
+def test_starting_from_the_cached_prefix_is_the_full_forward(tok, family, top_layers, depth):
+    """Same log-probs, entropies and LoRA gradients; for Gemma 3 the layers that run keep their own
+    attention type (depth 1 leaves a sliding-window layer, window 3, on top of the cache)."""
+    actor = lora_actor(tok, family, top_layers)
+    assert frozen_depth(actor.lm) == depth
+    ids, attention = probe(tok)
+    full = logprobs_and_grads(actor, ids, attention)
+    prefix = prefix_hidden(actor.lm, ids, attention, depth)
+    assert prefix.shape == (*ids.shape, actor.lm.config.hidden_size) and not prefix.requires_grad
+    cached = logprobs_and_grads(actor, ids, attention, prefix=prefix, prefix_depth=depth)
+    assert torch.allclose(full[0], cached[0], atol=1e-5) and torch.allclose(full[1], cached[1], atol=1e-5)
+    assert full[2].keys() == cached[2].keys() and full[2]
+    assert all(torch.allclose(full[2][k], cached[2][k], atol=1e-5) for k in full[2])
+    assert float(sum(g.abs().sum() for g in cached[2].values())) > 0
+    assert torch.allclose(actor(ids, attention)[0], full[0], atol=1e-6)  # the frozen layers run again after
+
+
+def test_frozen_depth_needs_frozen_embeddings_and_bottom_layers(tok):
+    assert frozen_depth(lora_actor(tok, "llama", None).lm) == 0  # LoRA on every layer: nothing to cache
+    plain = tiny_llama(tok)  # full fine-tune: the embeddings train
+    assert frozen_depth(plain) == 0
+    for p in plain.parameters():
+        p.requires_grad_(False)
+    assert frozen_depth(plain) == 0  # nothing trains at all
+
+
+def test_prefix_hidden_refuses_depth_zero(tok):
+    with pytest.raises(ValueError, match="depth"):
+        prefix_hidden(tiny_llama(tok), *probe(tok), 0)
+
+
+def test_ppo_with_the_cache_trains_the_same_weights(tok, tmp_path, retriever, examples):
+    """Two updates, two PPO epochs: the same trained LoRA weights with and without the cache."""
+    cfg = tiny_cfg(tmp_path / "plain", lora=LoraSettings(r=4, alpha=8, top_layers=1), updates=2, ppo_epochs=2,
+                   advantage="grpo", seed=3)
+    weights = {}
+    for cache in (False, True):
+        run_cfg = dataclasses.replace(cfg, cache_frozen_layers=cache, output_dir=str(tmp_path / str(cache)))
+        models = wrap_models(tiny_llama(tok), tok, run_cfg)
+        train(run_cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+        weights[cache] = trainable(models.actor)
+    assert weights[False].keys() == weights[True].keys()
+    moved = [k for k in weights[True] if "lora_B" in k and float(weights[True][k].abs().sum()) > 0]
+    assert moved, "the update did not move the adapters"
+    assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-5) for k in weights[True])
+
+
+def test_sft_with_the_cache_trains_the_same_adapter(tok, tmp_path):
+    """The warm start's epochs over the same rows: the frozen layers run once per row, and the
+    trained LoRA weights are those of the uncached run."""
+    from training.sft_config import WarmStartConfig
+    from training.sft_trainer import build_trainer
+
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for length in (9, 14, 11, 17, 12, 8):
+        ids = torch.randint(5, len(tok), (length,), generator=generator).tolist()
+        rows.append({"input_ids": ids, "labels": [-100] * (length // 2) + ids[length // 2:]})
+    weights, caches = {}, {}
+    for cache in (False, True):
+        config = WarmStartConfig(output_dir=str(tmp_path / str(cache)), epochs=3, learning_rate=5e-3, batch_size=2,
+                                 warmup_ratio=0.0, device="cpu", progress=False, cache_frozen_layers=cache,
+                                 lora=LoraSettings(r=4, alpha=8, dropout=0.0, top_layers=1))
+        trainer = build_trainer(rows, config, tiny_llama(tok), tok)
+        trainer.train()
+        weights[cache] = trainable(trainer.model)
+        caches[cache] = trainer.prefix_cache
+    assert caches[False] is None and caches[True].depth == 1
+    assert len(caches[True].states) == len(rows) and caches[True].hits == 2 * len(rows)  # epochs 2 and 3 reuse
+    moved = [k for k in weights[True] if "lora_B" in k and float(weights[True][k].abs().sum()) > 0]
+    assert moved and weights[False].keys() == weights[True].keys()
+    assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-5) for k in weights[True])
