@@ -2,8 +2,10 @@
 
 The main job's actor (SmolLM2-135M-Instruct by default, LoRA r 16 on the top 4 layers, the
 recipe's dtype rule ``native``) runs ``--epochs`` passes of forward + backward (the trainer's
-``sequence_logprobs`` with the log-probs of every labelled token) over ``--rows`` rows of
-``--tokens`` random tokens, in micro-batches of ``--micro-batch``:
+``sequence_logprobs``) over ``--rows`` rows of ``--tokens`` random tokens, in micro-batches of
+``--micro-batch``, with the log-probs of the last ``--target-share`` of each row's positions (the
+model's tokens: ~15% of an episode row of the main job, one token of a verdict row; the lm_head
+runs only there):
 
 - plain: every epoch runs all decoder layers;
 - cached (``cache_frozen_layers: true``): one no-grad pass of the frozen bottom layers
@@ -40,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--target-share", type=float, default=0.15)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -47,17 +50,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def epochs_plain(actor, batches, epochs: int) -> float:
     start = time.perf_counter()
     for _ in range(epochs):
-        for ids, attention in batches:
-            actor(ids, attention)[0].sum().backward()
+        for ids, attention, target in batches:
+            actor(ids, attention, target_mask=target)[0].sum().backward()
     return time.perf_counter() - start
 
 
 def epochs_cached(actor, batches, epochs: int, depth: int) -> float:
     start = time.perf_counter()
-    prefixes = [prefix_hidden(actor.lm, ids, attention, depth) for ids, attention in batches]
+    prefixes = [prefix_hidden(actor.lm, ids, attention, depth) for ids, attention, _ in batches]
     for _ in range(epochs):
-        for (ids, attention), prefix in zip(batches, prefixes):
-            actor(ids, attention, prefix=prefix, prefix_depth=depth)[0].sum().backward()
+        for (ids, attention, target), prefix in zip(batches, prefixes):
+            actor(ids, attention, target_mask=target, prefix=prefix, prefix_depth=depth)[0].sum().backward()
     return time.perf_counter() - start
 
 
@@ -72,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = []
     for _ in range(0, args.rows, args.micro_batch):
         ids = torch.randint(0, vocab, (args.micro_batch, args.tokens), generator=generator)
-        batches.append((ids, torch.ones_like(ids)))
+        target = torch.zeros((args.micro_batch, args.tokens - 1), dtype=torch.long)
+        target[:, int((args.tokens - 1) * (1 - args.target_share)):] = 1
+        batches.append((ids, torch.ones_like(ids), target))
     print(f"{args.model} ({next(actor.parameters()).dtype}), LoRA on the top {args.top_layers} layers: "
           f"{depth} frozen below; {args.rows} rows x {args.tokens} tokens, {args.epochs} epochs", flush=True)
     epochs_plain(actor, batches[:1], 1)  # warm-up
