@@ -10,13 +10,27 @@ row), each a short row whose one model token is its verdict.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 
-def verdict_rows_as_episodes(episodes: list) -> tuple[list, list[int]]:
+@dataclass
+class VerdictTrainingRow:
+    """A verdict judged alone, shaped like an episode for :func:`episodes_to_batch`: per-token lists
+    (length n), the one model token last; its episode's reward and group."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    choice_mask: list[int]
+    choice_reward_gap: list[float]
+    reward: float
+    group_id: int
+
+
+def verdict_rows_as_episodes(episodes: list) -> tuple[list[VerdictTrainingRow], list[int]]:
     """The episodes' :class:`~training.rollout_judge.VerdictRow` s as episode-shaped rows (loss and
     choice mask on the verdict token, its reward gap there; the episode's reward and group), and
     each one's owner (index into ``episodes``)."""
@@ -24,10 +38,10 @@ def verdict_rows_as_episodes(episodes: list) -> tuple[list, list[int]]:
     for index, e in enumerate(episodes):
         for v in getattr(e, "verdict_rows", None) or ():
             n = len(v.token_ids)
-            rows.append(SimpleNamespace(token_ids=v.token_ids, loss_mask=[0] * (n - 1) + [1],
-                                        sampler_logprobs=[0.0] * (n - 1) + [v.logprob], choice_mask=[0] * (n - 1) + [1],
-                                        choice_reward_gap=[0.0] * (n - 1) + [v.reward_gap], reward=e.reward,
-                                        group_id=e.group_id))
+            rows.append(VerdictTrainingRow(
+                token_ids=list(v.token_ids), loss_mask=[0] * (n - 1) + [1],
+                sampler_logprobs=[0.0] * (n - 1) + [v.logprob], choice_mask=[0] * (n - 1) + [1],
+                choice_reward_gap=[0.0] * (n - 1) + [v.reward_gap], reward=e.reward, group_id=e.group_id))
             owners.append(index)
     return rows, owners
 
