@@ -111,3 +111,21 @@ def test_sft_with_the_cache_trains_the_same_adapter(tok, tmp_path):
     moved = [k for k in weights[True] if "lora_B" in k and float(weights[True][k].abs().sum()) > 0]
     assert moved and weights[False].keys() == weights[True].keys()
     assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-5) for k in weights[True])
+
+
+def test_the_benchmark_runs_on_a_tiny_model(tok, tmp_path, capsys):
+    """scripts/bench_frozen_prefix.py end to end on a saved tiny Llama: its last line is the figure."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_frozen_prefix
+
+    tiny_llama(tok).save_pretrained(tmp_path / "tiny")
+    tok.save_pretrained(tmp_path / "tiny")
+    assert bench_frozen_prefix.main(["--model", str(tmp_path / "tiny"), "--dtype", "float32", "--top-layers", "1",
+                                     "--rows", "4", "--tokens", "16", "--micro-batch", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert any("1 frozen below" in line for line in lines)
+    name, value = lines[-1].split("=")
+    assert name == "frozen_prefix_speedup" and float(value) > 0
