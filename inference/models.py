@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.paths import cache_dir
-from envs.retrieval.encoders import resolve_device
+from envs.retrieval.encoders import cpu_has_native_bf16, resolve_device
 
 DEFAULT_MODEL = "gemma3-270m"
 SOURCE_FILE = "seeds_rl_source.json"  # written last into a converted folder: where it came from
@@ -124,8 +124,6 @@ def load_causal_lm(spec: str | os.PathLike = DEFAULT_MODEL, device: str = "auto"
 def resolve_torch_dtype(dtype: Any, device: str) -> Any:
     """A ``torch.dtype`` from ``"auto"``, ``"native"``, a name or a dtype (see :func:`load_causal_lm`)."""
     import torch
-
-    from envs.retrieval.encoders import cpu_has_native_bf16
 
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -63,9 +63,9 @@ def test_resolve_torch_dtype():
 @pytest.mark.parametrize("native_bf16, expected", [(True, torch.bfloat16), (False, torch.float32)])
 def test_native_dtype_follows_the_cpu(monkeypatch, native_bf16, expected):
     """``"native"``: bf16 only on a CPU that computes it natively (emulated bf16 is ~5x slower)."""
-    from envs.retrieval import encoders
+    from inference import models
 
-    monkeypatch.setattr(encoders, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: native_bf16)
     assert resolve_torch_dtype("native", "cpu") == expected
     assert resolve_torch_dtype("auto", "cpu") == torch.float32  # "auto" stays float32 on every CPU
 
