@@ -123,6 +123,11 @@ def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm
     assert torch.equal(advantages[:E], per_episode[:, None] * mask[:E])
     assert torch.allclose(advantages[E:].sum(-1), per_episode[owner[E:]])
     assert torch.equal(advantages[E:] != 0, mask[E:].bool())
+    # verdict_episode_credit: the episode's share scaled; 0 leaves the verdicts to their own term
+    half = owners_advantages(pad_rows(per_episode[:, None] * mask[:E], E + V), mask, owner, 0.5)
+    assert torch.allclose(half[E:], 0.5 * advantages[E:]) and torch.equal(half[:E], advantages[:E])
+    none = owners_advantages(pad_rows(per_episode[:, None] * mask[:E], E + V), mask, owner, 0.0)
+    assert none[E:].eq(0).all() and torch.equal(none[:E], advantages[:E])
 
 
 def test_a_critic_is_refused_with_verdicts_judged_alone():

@@ -78,6 +78,11 @@ def test_verdict_credit_needs_constrained_verdicts():
     with pytest.raises(ConfigError):
         PPOConfig(verdict_credit=-1.0)
     assert math.isclose(PPOConfig(verdict_credit=0.5).verdict_credit, 0.5)
+    with pytest.raises(ConfigError, match="verdict_episode_credit"):
+        PPOConfig(verdict_episode_credit=-0.5)
+    with pytest.raises(ConfigError, match="no advantage"):
+        PPOConfig(verdict_episode_credit=0.0)  # and verdict_credit 0: the verdicts would learn nothing
+    assert PPOConfig(verdict_episode_credit=0.0, verdict_credit=2.0).verdict_episode_credit == 0.0
 
 
 def test_the_trainer_adds_the_credit_to_the_verdict_tokens_only(script_lm, tokenizer, retriever, examples,  # noqa: F811

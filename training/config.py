@@ -157,6 +157,10 @@ class PPOConfig:
     # exact two-choice advantage, (1 − π(chosen))·(r(chosen) − r(other)), scaled to unit RMS over the
     # batch's verdicts and multiplied by this coefficient (0: verdicts share the episode's advantage only)
     verdict_credit: float = 0.0
+    # verdicts judged alone (judge_context: alone): the weight of their episode's advantage on each verdict
+    # row (1: the episode's outcome, answer included, credits every verdict; 0: each verdict learns from its
+    # own candidate's term only, verdict_credit, so the reader's use of what was opened does not steer it)
+    verdict_episode_credit: float = 1.0
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
     max_grad_norm: float = 1.0
     # ---- run
@@ -197,6 +201,10 @@ class PPOConfig:
             raise ConfigError("importance sampling bounds need 0 < tis_low <= 1 <= tis_cap")
         if self.verdict_credit < 0:
             raise ConfigError("verdict_credit must be at least 0")
+        if self.verdict_episode_credit < 0:
+            raise ConfigError("verdict_episode_credit must be at least 0")
+        if self.verdict_episode_credit == 0 and self.verdict_credit == 0:
+            raise ConfigError("verdict_episode_credit 0 needs verdict_credit > 0: the verdicts would get no advantage")
         if self.verdict_credit > 0 and not self.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.require_sft_checkpoint and not self.sft_checkpoint:

@@ -201,12 +201,13 @@ def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask if with_reference else torch.zeros_like(mask)
     token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
                                         cfg.kl_coef)
-    E = len(episodes)  # the episode rows; verdict rows judged alone follow and take their episode's advantage
+    E = len(episodes)  # the episode rows; verdict rows judged alone follow (their episode's advantage × weight)
     advantages, returns = compute_advantages(cfg.advantage, AdvantageBatch(
         model_mask=mask[:E], token_rewards=token_rewards[:E], values=values[:E], scores=batch["reward"][:E],
         group_ids=batch["group_id"][:E], gamma=cfg.gamma, lam=cfg.lam, std_normalize=cfg.grpo_std_normalize,
         accelerator=accelerator))
-    advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"])
+    advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"],
+                                   cfg.verdict_episode_credit)
     returns = pad_rows(returns, mask.shape[0])
     if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
         advantages = advantages + cfg.verdict_credit * two_choice_advantages(

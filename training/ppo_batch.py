@@ -91,19 +91,21 @@ def select(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torc
     return out
 
 
-def owners_advantages(advantages: torch.Tensor, mask: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
-    """Each verdict row's advantage: its episode's mean advantage over that episode's model tokens
-    (an outcome estimator's one value per episode), on the verdict row's model token.
+def owners_advantages(advantages: torch.Tensor, mask: torch.Tensor, owner: torch.Tensor,
+                       weight: float = 1.0) -> torch.Tensor:
+    """Each verdict row's advantage: ``weight`` × its episode's mean advantage over that episode's
+    model tokens (an outcome estimator's one value per episode), on the verdict row's model token.
 
     advantages, mask: (B, T−1) with the E episode rows first; owner: (B,), −1 on episode rows.
-    Returns (B, T−1): the episode rows' advantages unchanged, the verdict rows' filled in."""
+    Returns (B, T−1): the episode rows' advantages unchanged, the verdict rows' filled in (0 where
+    ``weight`` is 0: the verdicts then learn from their own candidate's term only, ``verdict_credit``)."""
     rows = owner >= 0
     if not bool(rows.any()):
         return advantages
     E = int((~rows).sum())
     per_episode = (advantages[:E] * mask[:E]).sum(-1) / mask[:E].sum(-1).clamp(min=1.0)  # (E,)
     out = advantages.clone()
-    out[rows] = per_episode[owner[rows]].unsqueeze(-1) * mask[rows]
+    out[rows] = weight * per_episode[owner[rows]].unsqueeze(-1) * mask[rows]
     return out
 
 
