@@ -17,7 +17,7 @@ import methods
 from envs.config import EnvConfig
 from envs.retrieval.defaults import open_retriever, open_run_retriever
 from envs.retrieval.web import WebRetriever, WebSearchConfig, parse_web_spec
-from envs.retrieval.web_http import RateLimiter, WebSearchError, fetch_page, html_to_text
+from envs.retrieval.web_http import RateLimiter, WebSearchError, fetch_page, html_to_text, page_client
 from envs.search_env import SearchEnv
 from envs.typed_config import ConfigError
 from envs.types import QAExample
@@ -82,7 +82,8 @@ def fresh(web, tmp_path, monkeypatch):
 
     def make(engine="searxng", options="", **kwargs):
         url = f"{web.url}/serper" if engine == "serper" else web.url
-        spec = f"web:{engine}:{url}?rps=0&fetch_rps=0&backoff=0&max_page_bytes=100000&cache={tmp_path / 'cache'}"
+        spec = (f"web:{engine}:{url}?rps=0&fetch_rps=0&backoff=0&max_page_bytes=100000&private_pages=true"
+                f"&cache={tmp_path / 'cache'}")  # the fake web's pages are on 127.0.0.1
         retriever = WebRetriever(parse_web_spec(spec + (f"&{options}" if options else "")), **kwargs)
         made.append(retriever)
         return retriever
@@ -206,6 +207,37 @@ def test_refusals_raise_a_clear_error(fresh, monkeypatch):
     assert record["finish_reason"] == "error: WebSearchError" and record["metrics"]["em"] == 0.0
 
 
+def test_pages_on_non_public_hosts_are_refused_by_default(web, fresh):
+    """The fake web's result pages are on 127.0.0.1: without private_pages none is fetched, each
+    candidate is its snippet, and every refusal is recorded (the search API itself is on loopback too)."""
+    retriever = fresh(options="private_pages=false")
+    (hits,) = retriever.search([FRANCE], k=3)
+    assert [h.text for h in hits] == ["Paris is the capital of France", "France statistics in a PDF",
+                                      "a page that no longer exists"]
+    assert web.paths("/page") == [] and web.paths("/search")
+    assert retriever.stats.page_errors == 3 and all("non-public address (127.0.0.1)" in e["error"]
+                                                    for e in retriever.errors)
+
+
+def test_a_redirect_to_a_private_host_is_refused():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        if request.url.host == "93.184.216.34":  # a public address (no name lookup: a literal)
+            return httpx.Response(302, headers={"location": "http://169.254.169.254/latest/meta-data/"})
+        return httpx.Response(200, text="secret", headers={"content-type": "text/plain"})
+
+    with page_client(5.0, httpx.MockTransport(handler)) as client:
+        page = fetch_page(client, "http://93.184.216.34/start", 1000)
+        assert "non-public address (169.254.169.254)" in page.error and not page.error.startswith("transient")
+        assert seen == ["http://93.184.216.34/start"]  # the redirect target was never requested
+        assert "non-public" in fetch_page(client, "http://[::1]:8080/", 1000).error
+        assert "non-public" in fetch_page(client, "http://localhost/", 1000).error
+    with page_client(5.0, httpx.MockTransport(handler), private_pages=True) as client:
+        assert fetch_page(client, "http://93.184.216.34/start", 1000).text == "secret"
+
+
 def test_pages_are_capped_and_typed(web):
     with httpx.Client() as client:
         huge = fetch_page(client, f"{web.url}/page/huge.html", max_bytes=50_000)
@@ -300,7 +332,7 @@ def test_env_distractors_draw_from_web_passages(fresh):
 
 def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
     monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "home-cache"))
-    spec = f"web:searxng:{web.url}?rps=0&fetch_rps=0&max_page_bytes=100000"
+    spec = f"web:searxng:{web.url}?rps=0&fetch_rps=0&max_page_bytes=100000&private_pages=true"
     assert isinstance(open_run_retriever(spec, None), WebRetriever)
     assert isinstance(load_ppo_retriever(PPOConfig(retriever=spec)), WebRetriever)  # --retriever of training/ppo.py
     data = tmp_path / "qa.jsonl"

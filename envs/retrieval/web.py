@@ -51,6 +51,7 @@ from envs.retrieval.web_http import (
     WebCache,
     WebSearchError,
     fetch_page,
+    page_client,
     parse_results,
     search_request,
     send_json,
@@ -68,7 +69,9 @@ class WebSearchConfig:
     """What a ``web:`` spec sets. ``results``: results asked of the engine (None: the ``k`` of the
     search); ``fetch``: fetch result pages (False: snippet-only); ``cache``: a folder, ``"off"``, or
     None for ``cache_dir("web")``; ``rps`` / ``fetch_rps``: requests a second to the search API / to
-    result pages (0: no limit); ``api_key_env``: the variable holding the Serper key."""
+    result pages (0: no limit); ``api_key_env``: the variable holding the Serper key;
+    ``private_pages``: also fetch result pages whose host is not public (off: such a page is refused
+    and its snippet stands in; the search API's own address is never checked)."""
 
     engine: str = "searxng"
     url: str | None = None
@@ -86,6 +89,7 @@ class WebSearchConfig:
     language: str | None = None
     cache: str | None = None
     api_key_env: str = "SERPER_API_KEY"
+    private_pages: bool = False  # fetch result pages on loopback / private / link-local addresses
 
     def __post_init__(self):
         if self.engine not in ENGINES:
@@ -205,7 +209,8 @@ class WebRetriever:
         cache = config.cache
         self.cache = WebCache(None if cache == "off" else cache if cache is not None else cache_dir("web"))
         self._client = httpx.Client(timeout=config.timeout, follow_redirects=True, max_redirects=5,
-                                    transport=transport, headers={"User-Agent": USER_AGENT})
+                                    transport=transport, headers={"User-Agent": USER_AGENT})  # the search API
+        self._pages = page_client(config.timeout, transport, config.private_pages)
         self._search_limiter = search_limiter or RateLimiter(config.rps)
         self._fetch_limiter = fetch_limiter or RateLimiter(config.fetch_rps, burst=max(1, int(config.fetch_rps)))
         self._sleep = sleep
@@ -253,6 +258,7 @@ class WebRetriever:
 
     def close(self) -> None:
         self._client.close()
+        self._pages.close()
 
     def __enter__(self) -> WebRetriever:
         return self
@@ -322,7 +328,7 @@ class WebRetriever:
             self._count(page_cache_hits=1)
         else:
             self._count(waited_seconds=self._fetch_limiter.acquire(), pages_fetched=1)
-            page = fetch_page(self._client, url, self.config.max_page_bytes)
+            page = fetch_page(self._pages, url, self.config.max_page_bytes)
             if page.error is None:
                 self.cache.put("page", key, page.to_dict())
             else:

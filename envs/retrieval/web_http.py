@@ -9,12 +9,16 @@ Used by :mod:`envs.retrieval.web` (the ``web:`` retriever). Two search APIs are 
 
 Pages are read as a stream and cut at ``max_bytes``; HTML becomes text with BeautifulSoup (scripts,
 styles, navigation, headers, footers and forms dropped), ``text/plain`` is kept as it is, and any
-other content type is recorded as an error instead of being parsed.
+other content type is recorded as an error instead of being parsed. A page client made by
+:func:`page_client` refuses addresses that are not public (loopback, private, link-local, reserved),
+redirects included: a result list written by someone else cannot make the agent read an internal service.
 """
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -137,6 +141,46 @@ def send_json(client: httpx.Client, request: httpx.Request) -> object:
 
 # -- pages -----------------------------------------------------------------------------------------
 
+class BlockedAddress(httpx.RequestError):
+    """A page address that resolves to a loopback, private, link-local or otherwise non-public host."""
+
+
+def non_public_address(host: str, port: int) -> str | None:
+    """The first address of ``host`` that is not public (as text), or None when all are public or
+    the name does not resolve (the connection then fails on its own)."""
+    try:
+        addresses = [ipaddress.ip_address(host.strip("[]").split("%")[0])]
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError):
+            return None
+        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    for address in addresses:
+        if not address.is_global or address.is_multicast:
+            return str(address)
+    return None
+
+
+def refuse_non_public(request: httpx.Request) -> None:
+    """httpx request hook: raise :class:`BlockedAddress` for a host that is not public. Runs before
+    every request of the client, each redirect included."""
+    port = request.url.port or (443 if request.url.scheme == "https" else 80)
+    address = non_public_address(request.url.host, port)
+    if address is not None:
+        raise BlockedAddress(f"refused: {request.url.host} is a non-public address ({address}); "
+                             "the web: option private_pages=true allows it", request=request)
+
+
+def page_client(timeout: float, transport: httpx.BaseTransport | None = None,
+                private_pages: bool = False) -> httpx.Client:
+    """The client result pages are fetched with: redirects followed (5 at most), our user agent, and
+    unless ``private_pages`` every request's host checked by :func:`refuse_non_public`."""
+    hooks = {} if private_pages else {"request": [refuse_non_public]}
+    return httpx.Client(timeout=timeout, follow_redirects=True, max_redirects=5, transport=transport,
+                        headers={"User-Agent": USER_AGENT}, event_hooks=hooks)
+
+
 def fetch_page(client: httpx.Client, url: str, max_bytes: int) -> Page:
     """GET ``url`` and turn it into text, reading at most ``max_bytes`` of the body.
 
@@ -155,6 +199,8 @@ def fetch_page(client: httpx.Client, url: str, max_bytes: int) -> Page:
                 return Page(url, error=f"not an HTML or text page ({kind})")
             body, truncated = _read_capped(response, max_bytes)
             encoding = response.charset_encoding
+    except BlockedAddress as err:  # not transient: asking again gives the same answer
+        return Page(url, error=str(err))
     except httpx.HTTPError as err:
         return Page(url, error=f"transient: {type(err).__name__}: {err}")
     if kind == "text/plain":
