@@ -9,6 +9,7 @@ import torch
 
 from tests.test_ppo_loop import probe, tiny_cfg, trainable
 from tests.tiny_models import tiny_gemma3, tiny_llama, tiny_tokenizer
+from training import ppo
 from training.config import LoraSettings
 from training.frozen_prefix import frozen_depth, prefix_hidden
 from training.models import wrap_models
@@ -84,6 +85,20 @@ def test_ppo_with_the_cache_trains_the_same_weights(tok, tmp_path, retriever, ex
     moved = [k for k in weights[True] if "lora_B" in k and float(weights[True][k].abs().sum()) > 0]
     assert moved, "the update did not move the adapters"
     assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-5) for k in weights[True])
+
+
+def test_a_critic_only_update_runs_no_frozen_pass(tok, tmp_path, retriever, examples, monkeypatch):
+    """critic_warmup_updates 1 with the sampler's log-probs: the first update trains only the critic
+    and computes no frozen-layer states; the second (actor) does."""
+    calls = []
+    real = ppo.frozen_prefix_states
+    monkeypatch.setattr(ppo, "frozen_prefix_states", lambda run, batch: calls.append(1) or real(run, batch))
+    cfg = tiny_cfg(tmp_path, lora=LoraSettings(r=4, alpha=8, top_layers=1), updates=2, advantage="gae",
+                   critic_warmup_updates=1, cache_frozen_layers=True, old_logprobs="sampler", seed=3)
+    models = wrap_models(tiny_llama(tok), tok, cfg)
+    assert models.critic is not None
+    train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+    assert len(calls) == 1
 
 
 def test_sft_with_the_cache_trains_the_same_adapter(tok, tmp_path):

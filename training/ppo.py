@@ -166,10 +166,11 @@ def prefix_of(run: Run, mb: dict[str, torch.Tensor]) -> dict:
     return {"prefix": mb["prefix"], "prefix_depth": run.frozen_depth} if "prefix" in mb else {}
 
 
-def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
+def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """The update's batch (:mod:`training.ppo_batch`) with, per model token (B, T−1): old and
     reference log-probs and values (no gradients), token rewards, advantages and returns, and with
-    ``tis`` the importance weights. Returns (batch, extras for the log)."""
+    ``tis`` the importance weights. Returns (batch, extras for the log). ``train_actor`` False (a
+    critic-only update): no frozen-layer states unless the old log-probs are recomputed."""
     cfg, accelerator = run.cfg, run.accelerator
     batch = episodes_to_batch(episodes, run.pad_id, accelerator.device)
     mask = batch["model_mask"]
@@ -182,7 +183,7 @@ def score(run: Run, episodes: list) -> tuple[dict[str, torch.Tensor], dict]:
     old_logp = torch.zeros_like(mask) if recompute else batch["sampler_logp"] * mask
     ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
     set_train_mode(False, run.actor, run.critic)
-    if run.frozen_depth:  # the frozen bottom layers, once for the whole update
+    if run.frozen_depth and (train_actor or recompute):  # the frozen bottom layers, once for the whole update
         batch["prefix"] = frozen_prefix_states(run, batch)
     with torch.no_grad():
         for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.micro_batch_size):
@@ -359,7 +360,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         data_position += cfg.questions_per_update
         episodes, sampling_stats, t_sync = collect(run, questions, update)
         t_rollout = time.perf_counter() - t0
-        batch, extras = score(run, episodes)
+        batch, extras = score(run, episodes, train_actor)
         trained = optimize(run, batch, update, train_actor)
         timings = {"rollout_s": t_rollout, "weight_sync_s": t_sync, "update_s": time.perf_counter() - t0}
         stats = update_stats(run, update, episodes, batch, {**extras, "dynamic": sampling_stats}, trained,
