@@ -18,7 +18,7 @@ from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
 from training.rollout import RolloutConfig, collect_rollouts
-from training.trajectories import tokenize_trajectory
+from training.trajectories import tokenize_trajectory, trajectory_from_episode
 
 SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
 
@@ -100,6 +100,21 @@ def test_the_expand_of_alone_verdicts_is_not_a_model_token(script_lm, tokenizer,
     for episode in episodes:
         model_text = tokenizer.decode([t for t, m in zip(episode.token_ids, episode.loss_mask) if m])
         assert "<expand>" not in model_text and "<search>" in model_text
+
+
+def test_an_episode_judged_alone_reads_back_as_a_record_with_its_expand(script_lm, tokenizer, retriever,  # noqa: F811
+                                                                         examples):
+    """trajectory_from_episode: the expand the verdicts made becomes the record's model action (so the
+    acceptance rule sees a search followed by an expand), and the record lays out as the episode."""
+    episodes, _ = alone_rollouts(script_lm, tokenizer, retriever, examples)
+    by_id = {e.id: e for e in examples}
+    for episode in episodes:
+        record = trajectory_from_episode(episode, tokenizer, by_id[episode.example_id])
+        actions = [s["text"] for s in record["segments"] if s["role"] == "model"]
+        assert any(a.startswith("<search>") for a in actions) and any(a.startswith("<expand>[1]") for a in actions)
+        assert record["reason"] != "search_without_expand"
+        layout = tokenize_trajectory(record, tokenizer, "judge", judge_context="alone")
+        assert layout["input_ids"] == episode.token_ids and layout["loss_mask"] == episode.loss_mask
 
 
 def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm, tokenizer, retriever,  # noqa: F811

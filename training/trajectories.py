@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ from methods.thinking import split_thinking
 
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
+_JUDGED_EXPAND = re.compile(r"(.*?</snapshot>)\n(<expand>[^\n]*?</expand>)(?:\n(.*))?", re.DOTALL)
 
 log = logging.getLogger("training.trajectories")
 
@@ -323,11 +325,26 @@ def trajectory_from_episode(episode: Any, tokenizer: Any, example: QAExample, te
                 segments.append({"role": "observation", "text": text[1:-1] if text.startswith("\n") and
                                  text.endswith("\n") else text})
             start = t
+    if getattr(episode, "verdict_rows", None):  # judge_context "alone": the judgement expand is in an observation run
+        segments = [part for segment in segments for part in _judged_expand_as_action(segment)]
     record = {"id": example.id, "question": example.question, "golden_answers": list(example.golden_answers),
               "example": example.to_dict(), "teacher": teacher, "segments": segments,
               "text": trajectory_text(segments), "ended_with_answer": ended, "summary": dict(episode.info)}
     record["accepted"], record["reason"] = acceptance(record)
     return record
+
+
+def _judged_expand_as_action(segment: dict) -> list[dict]:
+    """An observation run of an episode judged alone, ``<snapshot>…</snapshot>`` + ``\n<expand>…</expand>``
+    + ``\n…`` (the expand its verdicts made, mask 0 like the observations around it), as the record
+    of a teacher writes it: snapshot, the expand as a model action, what followed. Other segments as
+    they are. :func:`tokenize_trajectory` with ``judge_context="alone"`` lays them out as before."""
+    match = _JUDGED_EXPAND.fullmatch(segment["text"]) if segment["role"] == "observation" else None
+    if match is None:
+        return [segment]
+    snapshot, action, rest = match.groups()
+    parts = [{"role": "observation", "text": snapshot}, {"role": "model", "text": action}]
+    return parts + ([{"role": "observation", "text": rest}] if rest else [])
 
 
 def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
