@@ -25,6 +25,9 @@ class SearchRecord:
     doc_tokens: int = 0
     # candidate number -> the passage text an observation showed (cut where the observation cap cut it)
     shown: dict[int, str] = field(default_factory=dict)
+    # candidates whose line the snapshot showed when the observation cap cut it (the judgement form
+    # judges these); None: all of them
+    visible: int | None = None
 
     def to_dict(self) -> dict:
         return {

@@ -31,6 +31,7 @@ from envs.protocol import (
     format_passage,
     format_snapshot,
     parse_action,
+    snapshot_candidates,
     snapshot_lines,
 )
 from envs.tokens import TokenCounter
@@ -184,15 +185,26 @@ class SearchEnv(gym.Env):
             if len(action.ids) > cfg.max_expand:
                 return f"at most {cfg.max_expand} candidates may be expanded at once"
             n = len(episode.latest.hits)
-            if cfg.expand_form == "judge" and action.judged != tuple(range(1, n + 1)):
-                return (f"judge every candidate in order, [1] to [{n}], each with yes or no "
-                        f"(for example <expand>{' '.join(f'[{i}] no' for i in range(1, n + 1))}</expand>)")
+            if cfg.expand_form == "judge":
+                return self._judgement_violation(action, episode.latest)
             bad = [i for i in action.ids if not 1 <= i <= n]
             if bad:
                 return f"candidate number(s) {bad} not in the snapshot (valid: 1..{n})"
             return None
         if pending_expand:
             return "expand the latest snapshot first (candidate numbers or none)"
+        return None
+
+    @staticmethod
+    def _judgement_violation(action: ExpandAction, record) -> str | None:
+        """The judgement form: every candidate the snapshot showed judged in order (those past the
+        observation cap are not opened), or ``none`` (every candidate no); None when allowed."""
+        if action.judged is None and not action.ids:
+            return None
+        m = record.visible if record.visible is not None else len(record.hits)
+        if action.judged != tuple(range(1, m + 1)):
+            return (f"judge every candidate in order, [1] to [{m}], each with yes or no "
+                    f"(for example <expand>{' '.join(f'[{i}] no' for i in range(1, m + 1))}</expand>)")
         return None
 
     def _search(self, episode: EpisodeState, query: str, hits: list[Hit]) -> str:
@@ -209,7 +221,10 @@ class SearchEnv(gym.Env):
         body = self._capped(snapshot_lines(previews))
         if cfg.expand_form == "judge" and cfg.judge_question:  # restated beside every preview by judge_chunks
             body = f"{SNAPSHOT_QUESTION}{' '.join(episode.example.question.split())}\n{body}"
-        return format_snapshot(body)
+        observation = format_snapshot(body)
+        if body.endswith(TRUNCATION_MARK):
+            record.visible = len(snapshot_candidates(observation))
+        return observation
 
     def _expand(self, episode: EpisodeState, ids: tuple[int, ...]) -> str:
         record = episode.latest

@@ -2,6 +2,7 @@
 import pytest
 
 from envs.config import EnvConfig
+from envs.protocol import snapshot_candidates
 from envs.search_env import SearchEnv
 from methods.seeds import SeedsR1
 
@@ -30,6 +31,35 @@ def test_incomplete_or_list_expand_is_invalid_in_judge_form(retriever, examples,
     assert info["action"] == "invalid" and "judge every candidate" in info["invalid_reason"]
     assert reward == pytest.approx(-EnvConfig().reward.format_penalty)
     assert env.episode.awaiting_expand  # the snapshot can still be judged
+
+
+def test_none_judges_every_candidate_no(retriever, examples):
+    """``<expand>none</expand>`` (the forced expand before a forced answer) in the judgement form:
+    every candidate no, a valid action that opens nothing."""
+    env = SearchEnv(retriever, examples, EnvConfig(expand_form="judge"))
+    env.reset(seed=0, options={"example": examples[0]})
+    env.step(QUERY)
+    _, _, _, _, info = env.step("<expand>none</expand>")
+    assert info["action"] == "expand" and info["search"]["expanded_ids"] == [] and env.episode.n_invalid == 0
+    assert not env.episode.awaiting_expand
+
+
+def test_a_snapshot_cut_by_the_cap_is_judged_by_the_candidates_it_shows(retriever, examples):
+    """Past max_obs_tokens the last candidates are not shown: the policy judges the ones it saw
+    (the rest are not opened), and a judgement of candidates it never saw is refused."""
+    config = EnvConfig(expand_form="judge", max_obs_tokens=40)
+    env = SearchEnv(retriever, examples, config)
+    env.reset(seed=0, options={"example": examples[0]})
+    observation, *_ = env.step(QUERY)
+    shown = len(snapshot_candidates(observation))
+    assert observation.rstrip().endswith("[truncated: observation limit reached]\n</snapshot>")
+    assert 1 <= shown < len(env.episode.latest.hits) == env.config.candidates_per_search
+    every = " ".join(f"[{i}] no" for i in range(1, env.config.candidates_per_search + 1))
+    _, _, _, _, info = env.step(f"<expand>{every}</expand>")
+    assert info["action"] == "invalid" and f"[1] to [{shown}]" in info["invalid_reason"]
+    seen = " ".join(f"[{i}] {'yes' if i == 1 else 'no'}" for i in range(1, shown + 1))
+    _, _, _, _, info = env.step(f"<expand>{seen}</expand>")
+    assert info["action"] == "expand" and info["search"]["expanded_ids"] == [env.episode.latest.hits[0].id]
 
 
 def test_list_form_env_accepts_judgements(retriever, examples):

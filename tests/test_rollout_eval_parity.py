@@ -108,6 +108,7 @@ def rollout(files, backend, tokenizer, method: SeedsR1, env: dict) -> tuple[list
     ("random", False, 3, "list"), ("random", True, 3, "list"), ("script", False, 3, "list"),
     ("script", True, 3, "list"), ("script", True, 2, "list"), ("script", False, 4, "judge"),
     ("random", False, 4, "judge"), ("script", False, 4, "judge-alone"), ("random", True, 4, "judge-alone"),
+    ("script", True, 3, "judge-alone"),  # verdicts judged alone, then the forced answer
 ])
 def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random_lm, script_lm,  # noqa: F811
                                                        monkeypatch, policy, force_answer, max_actions, expand_form):
@@ -157,6 +158,8 @@ def test_rollouts_and_evaluation_play_the_same_episodes(files, tokenizer, random
         assert not any("\nRead [1]?" in tokenizer.decode(e.token_ids) for e in episodes)
     if expand_form == "judge-alone" and policy == "script":
         rows = [row for e in episodes for row in e.verdict_rows]
+        if force_answer:  # judged, then answered under force, on both sides
+            assert all(e.verdict_rows and e.info["n_actions"] == max_actions for e in episodes)
         assert rows and all(tokenizer.decode(r.token_ids[:-1]).endswith("the question? Answer:") for r in rows)
         assert {tokenizer.decode(r.token_ids[-1:]) for r in rows} <= {" yes", " no"}
         assert all(a.startswith("<expand>[1] ") for slot in venv.steps.values() for a, _ in slot
