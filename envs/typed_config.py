@@ -41,7 +41,8 @@ def _field_default(cls: type, name: str) -> Any:
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
-    """Light type fixing for YAML values: ints for float fields, strings for str fields."""
+    """Light type fixing for YAML values: ints and numeric strings (``3e-4``) for float fields,
+    strings for str fields; a value of the wrong kind for a bool, int or float field is an error."""
     if value is None:
         return None
     args = typing.get_args(hint)
@@ -49,6 +50,13 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
         hint = next(a for a in args if a is not type(None))
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if hint is float and isinstance(value, str):  # YAML 1.1 reads 3e-4 and 1e5 (no dot) as strings
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{key} expects a number, got {value!r}") from None
+    if hint is float and not isinstance(value, float):
+        raise ConfigError(f"{key} expects a number, got {value!r}")
     if hint is str and not isinstance(value, str):
         return str(value)
     if hint is bool and not isinstance(value, bool):
