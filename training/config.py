@@ -163,6 +163,10 @@ class PPOConfig:
     verdict_episode_credit: float = 1.0
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
     max_grad_norm: float = 1.0
+    # end an update's optimizer steps after the first mini-batch whose KL(old ‖ current), measured in its
+    # forward pass before its step, exceeds this, text and verdict tokens apart (training/kl_stop.py);
+    # None: every ppo_epochs × mini_batches step is taken
+    target_kl: float | None = None
     # ---- run
     seed: int = 0
     output_dir: str = "runs/ppo-default"
@@ -199,6 +203,8 @@ class PPOConfig:
             raise ConfigError("tis corrects the sampler against recomputed old log-probs: set old_logprobs: recompute")
         if not 0 < self.tis_low <= 1 <= self.tis_cap:
             raise ConfigError("importance sampling bounds need 0 < tis_low <= 1 <= tis_cap")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ConfigError("target_kl must be > 0 (or null: no early stop)")
         if self.verdict_credit < 0:
             raise ConfigError("verdict_credit must be at least 0")
         if self.verdict_episode_credit < 0:
