@@ -86,3 +86,34 @@ def bootstrap_interval(outcomes: Outcomes, statistic: Statistic, resamples: int 
     """Percentile bootstrap interval of one run's statistic, questions resampled with replacement."""
     n = len(next(iter(outcomes.values())))
     return percentile_interval(statistic(outcomes, resample_rows(n, resamples, seed)), level)
+
+
+def runs_and_questions_rows(runs: int, n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
+    """(resamples, runs·n) indices into ``runs`` runs' outcomes laid end to end (run r's question q at
+    r·n + q): each resample draws ``runs`` runs with replacement and ONE set of n questions with
+    replacement, shared by the runs drawn (the runs answered the same questions)."""
+    rng = np.random.default_rng(seed)
+    chosen_runs = rng.integers(0, runs, size=(resamples, runs))  # (B, R)
+    questions = rng.integers(0, n, size=(resamples, n))  # (B, n)
+    return (chosen_runs[:, :, None] * n + questions[:, None, :]).reshape(resamples, runs * n)
+
+
+def multi_run_paired_bootstrap(befores: list[Outcomes], afters: list[Outcomes], statistic: Statistic,
+                               resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL) -> PairedDifference:
+    """The change after − before pooled over several runs (seeds) on the same n questions, with a
+    two-level paired bootstrap interval: runs resampled with replacement (the spread between seeds),
+    then questions (the spread between questions), the same draw for before and after. ``befores[r]``,
+    ``afters[r]``: run r's outcome arrays (n,), every run in the same question order."""
+    if not befores or len(befores) != len(afters):
+        raise ValueError(f"need the same non-zero number of runs before and after ({len(befores)}, {len(afters)})")
+    sizes = {len(v) for run in (*befores, *afters) for v in run.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ValueError(f"every run must hold the same non-empty question set (lengths {sorted(sizes)})")
+    n, runs = sizes.pop(), len(befores)
+    before = {k: np.concatenate([run[k] for run in befores]) for k in befores[0]}
+    after = {k: np.concatenate([run[k] for run in afters]) for k in afters[0]}
+    everything = np.arange(runs * n)[None]
+    b, a = float(statistic(before, everything)[0]), float(statistic(after, everything)[0])
+    rows = runs_and_questions_rows(runs, n, resamples, seed)
+    lo, hi = percentile_interval(statistic(after, rows) - statistic(before, rows), level)
+    return PairedDifference(b, a, a - b, lo, hi)

@@ -1,0 +1,87 @@
+"""Before/after over several runs: the two-level bootstrap (runs, then questions) and the
+``python -m training.seed_spread`` report."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from envs.bootstrap import mean_of, multi_run_paired_bootstrap, paired_bootstrap, runs_and_questions_rows
+from training.seed_spread import main
+
+
+def outcomes(reward, positives, docs) -> dict[str, np.ndarray]:
+    reward = np.asarray(reward, dtype=np.float64)
+    return {"reward": reward, "em": (reward > 0).astype(np.float64),
+            "positives_opened": np.asarray(positives, dtype=np.float64),
+            "docs_read": np.asarray(docs, dtype=np.float64)}
+
+
+def test_each_resample_draws_runs_and_one_question_set_shared_by_them():
+    rows = runs_and_questions_rows(runs=3, n=5, resamples=200, seed=1)
+    assert rows.shape == (200, 15)
+    blocks = rows.reshape(200, 3, 5)
+    runs, questions = blocks // 5, blocks % 5
+    assert (runs == runs[:, :, :1]).all()  # one run per block
+    assert (questions == questions[:, :1, :]).all()  # the same questions in every block of a resample
+    assert len(np.unique(runs)) == 3 and len(np.unique(questions)) == 5
+
+
+def test_the_pooled_interval_carries_the_spread_between_seeds():
+    n = 40
+    zero = outcomes(np.zeros(n), np.zeros(n), np.ones(n))
+    up, down = outcomes(np.ones(n), np.ones(n), np.ones(n)), outcomes(-np.ones(n), np.zeros(n), np.ones(n))
+    change = multi_run_paired_bootstrap([zero, zero], [up, down], mean_of("reward"), resamples=400)
+    assert change.diff == 0.0
+    assert change.lo == pytest.approx(-1.0) and change.hi == pytest.approx(1.0)  # one seed up, one down
+    # pooled as if one run, the questions alone would call the same data a certain zero
+    flat = paired_bootstrap({k: np.concatenate([zero[k], zero[k]]) for k in zero},
+                            {k: np.concatenate([up[k], down[k]]) for k in up}, mean_of("reward"))
+    assert flat.hi - flat.lo < 0.6 * (change.hi - change.lo)
+    agreeing = multi_run_paired_bootstrap([zero, zero], [up, up], mean_of("reward"), resamples=400)
+    assert agreeing.lo == agreeing.hi == 1.0
+
+
+def test_runs_must_share_their_questions():
+    with pytest.raises(ValueError, match="same non-empty question set"):
+        multi_run_paired_bootstrap([outcomes([0, 1], [0, 0], [1, 1])], [outcomes([0, 1, 1], [0, 0, 0], [1, 1, 1])],
+                                   mean_of("reward"))
+    with pytest.raises(ValueError, match="number of runs"):
+        multi_run_paired_bootstrap([], [], mean_of("reward"))
+
+
+def write_eval(folder, before, after):
+    folder.mkdir()
+    per_question = {side: {k: v.tolist() for k, v in run.items()} for side, run in (("before", before),
+                                                                                   ("after", after))}
+    (folder / "eval.json").write_text(json.dumps({"per_question": per_question, "questions": len(before["reward"])}))
+    return folder
+
+
+def test_the_report_prints_each_run_and_a_machine_readable_last_line(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    folders = []
+    for seed in range(3):
+        n = 30
+        before = outcomes(rng.choice([-0.1, 0.0], n), rng.integers(0, 2, n), np.full(n, 2))
+        after = outcomes(before["reward"] + 0.2, np.minimum(before["positives_opened"] + 1, 2), np.full(n, 2))
+        folders.append(write_eval(tmp_path / f"seed{seed}", before, after))
+    assert main([str(f) for f in folders] + ["--out", str(tmp_path / "spread.json")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    fields = dict(item.split("=") for item in lines[-1].split())
+    assert fields["runs"] == "3" and float(fields["reward_diff"]) == pytest.approx(0.2)
+    assert float(fields["reward_diff_lo"]) == pytest.approx(0.2) and float(fields["precision_diff"]) > 0
+    assert sum(line.endswith(":") and "seed" in line for line in lines) == 3
+    saved = json.loads((tmp_path / "spread.json").read_text())
+    assert saved["pooled"]["reward"]["runs_above_zero"] == 3 and len(saved["folders"]) == 3
+
+
+def test_a_run_without_a_usable_eval_json_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "unfinished").mkdir()
+    assert main([str(tmp_path / "unfinished")]) == 2
+    assert "no eval.json" in capsys.readouterr().err
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "eval.json").write_text("{\"per_question\": {\"before\": {}}}")
+    assert main([str(tmp_path / "broken")]) == 2
+    assert "not an eval.json with per-question outcomes" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""Before/after PPO over several runs (seeds): each run's paired change and the change pooled over
+runs with a two-level bootstrap interval (runs, then questions).
+
+    python -m training.seed_spread runs/seed0 runs/seed1 runs/seed2 [--out spread.json]
+
+Every run folder holds the ``eval.json`` the trainer writes (:func:`training.ppo_report.report_before_after`:
+per-question outcomes before and after PPO, in the same question order in every run that used the
+same ``eval_questions`` and ``eval_seed``). Printed per run: before -> after, the difference and its
+paired bootstrap 95% interval (as the run itself printed it); then over the runs: the mean ± standard
+deviation of the differences, how many runs' intervals exclude 0 on the side of a gain, and the
+pooled change with :func:`envs.bootstrap.multi_run_paired_bootstrap` (runs resampled with replacement,
+then questions, the same draw before and after), which carries the spread between seeds as well as
+between questions. The last line is machine-readable:
+``runs=R reward_diff=… reward_diff_lo=… reward_diff_hi=… precision_diff=… precision_diff_lo=… precision_diff_hi=…``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from envs.atomic import write_json_atomic
+from envs.bootstrap import multi_run_paired_bootstrap
+from training.policy_eval import OUTCOME_KEYS, STATISTICS, compare_runs
+
+
+class RunFolderError(ValueError):
+    """A run folder without a usable ``eval.json``."""
+
+
+def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
+    """A run's per-question outcomes {"before": {key: (n,)}, "after": {key: (n,)}} from its ``eval.json``."""
+    path = Path(folder) / "eval.json"
+    if not path.is_file():
+        raise RunFolderError(f"{path}: no eval.json (the run has not finished its evaluation after PPO, or "
+                             f"ran with eval_questions: 0)")
+    try:
+        per_question = json.loads(path.read_text())["per_question"]
+        return {side: {k: np.asarray(per_question[side][k], dtype=np.float64) for k in OUTCOME_KEYS}
+                for side in ("before", "after")}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise RunFolderError(f"{path}: not an eval.json with per-question outcomes ({error!r})") from error
+
+
+def spread(runs: list[dict[str, dict[str, np.ndarray]]], resamples: int = 2000, seed: int = 0) -> dict:
+    """Per-run comparisons and, per statistic, the mean and standard deviation of the runs'
+    differences, the runs whose interval is above 0, and the pooled two-level bootstrap change."""
+    per_run = [compare_runs(run["before"], run["after"], resamples, seed) for run in runs]
+    pooled = {}
+    for name, statistic in STATISTICS.items():
+        diffs = [comparison[name]["diff"] for comparison in per_run]
+        change = multi_run_paired_bootstrap([r["before"] for r in runs], [r["after"] for r in runs], statistic,
+                                            resamples, seed)
+        pooled[name] = {**change.as_dict(), "diff_mean": statistics.fmean(diffs),
+                        "diff_sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
+                        "runs_above_zero": sum(comparison[name]["lo"] > 0 for comparison in per_run)}
+    return {"runs": len(runs), "per_run": per_run, "pooled": pooled}
+
+
+def summary_line(result: dict) -> str:
+    r, p = result["pooled"]["reward"], result["pooled"]["precision"]
+    return (f"runs={result['runs']} reward_diff={r['diff']:.4f} reward_diff_lo={r['lo']:.4f} "
+            f"reward_diff_hi={r['hi']:.4f} precision_diff={p['diff']:.4f} precision_diff_lo={p['lo']:.4f} "
+            f"precision_diff_hi={p['hi']:.4f}")
+
+
+def print_report(folders: list[Path], result: dict) -> None:
+    for folder, comparison in zip(folders, result["per_run"]):
+        print(f"{folder}:")
+        for name, row in comparison.items():
+            print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
+                  f"[{row['lo']:+.3f}, {row['hi']:+.3f}]")
+    print(f"over {result['runs']} runs (pooled change, 95% interval resampling runs then questions; "
+          f"mean ± sd of the runs' differences; runs whose own interval is above 0):")
+    for name, row in result["pooled"].items():
+        print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
+              f"[{row['lo']:+.3f}, {row['hi']:+.3f}]  runs {row['diff_mean']:+.3f} ± {row['diff_sd']:.3f}  "
+              f"above 0: {row['runs_above_zero']}/{result['runs']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="PPO run folders, each with its eval.json")
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed")
+    parser.add_argument("--out", type=Path, help="write the result as JSON here")
+    args = parser.parse_args(argv)
+    try:
+        result = spread([read_run(folder) for folder in args.runs], args.resamples, args.seed)
+    except (RunFolderError, ValueError) as error:
+        print(f"seed_spread: {error}", file=sys.stderr)
+        return 2
+    print_report(args.runs, result)
+    if args.out is not None:
+        write_json_atomic({**result, "folders": [str(f) for f in args.runs]}, args.out)
+    print(summary_line(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
