@@ -10,7 +10,7 @@ import torch
 from tests.test_ppo_loop import tiny_cfg, trainable
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training.config import ConfigError
-from training.kl_stop import approx_kl_sums, exceeds_target_kl, kl_means
+from training.kl_stop import approx_kl_sums, exceeds_target_kl, kl_means, kl_summary
 from training.models import wrap_models
 from training.ppo import train
 
@@ -30,6 +30,15 @@ def test_kl_sums_keep_verdict_tokens_apart_from_text_tokens():
     no_verdicts = approx_kl_sums(logp, old, model, torch.zeros(2, 4))
     assert math.isnan(kl_means(no_verdicts * torch.tensor([1.0, 1.0, 0.0, 0.0]))[1])
     assert not exceeds_target_kl(torch.tensor([0.0, 0.0, 0.0, 0.0]), 1e-9)  # no tokens: nothing to stop on
+
+
+def test_the_update_summary_gives_means_over_steps_and_the_largest_step():
+    first, second = torch.tensor([0.2, 10.0, 0.0, 0.0]), torch.tensor([0.6, 10.0, 0.5, 5.0])
+    summary = kl_summary([first, second])
+    assert summary["approx_kl_text"] == pytest.approx(0.04) and summary["approx_kl_text_max"] == pytest.approx(0.06)
+    assert summary["approx_kl_verdicts"] == pytest.approx(0.1)  # the first step had no verdict token
+    assert summary["approx_kl_verdicts_max"] == pytest.approx(0.1)
+    assert all(math.isnan(v) for v in kl_summary([]).values())
 
 
 def test_target_kl_must_be_positive(tmp_path):
@@ -52,7 +61,7 @@ def run_update(tmp_path, retriever, examples, name, **overrides):
 def test_a_tiny_target_stops_after_the_first_step_and_none_takes_them_all(tmp_path, retriever, examples):
     full, start, after_full = run_update(tmp_path, retriever, examples, "full")
     assert full["actor_steps"] == 4 and full["kl_stopped"] == 0.0  # 2 epochs x 2 mini-batches
-    assert full["approx_kl_text"] > 0
+    assert full["approx_kl_text_max"] >= full["approx_kl_text"] > 0
     loose, _, after_loose = run_update(tmp_path, retriever, examples, "loose", target_kl=1e6)
     assert loose["actor_steps"] == 4 and loose["kl_stopped"] == 0.0
     assert all(torch.equal(after_loose[k], after_full[k]) for k in after_full)  # a target never reached changes nothing

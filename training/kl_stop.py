@@ -52,3 +52,17 @@ def exceeds_target_kl(global_sums: torch.Tensor, target_kl: float | None) -> boo
     if target_kl is None:
         return False
     return any(kl > target_kl for kl in kl_means(global_sums) if not math.isnan(kl))
+
+
+def kl_summary(step_sums: list[torch.Tensor]) -> dict[str, float]:
+    """An update's KL figures from each mini-batch's global :func:`approx_kl_sums` (4,): the means over
+    all the steps taken (``approx_kl_text``, ``approx_kl_verdicts``) and the largest mini-batch mean
+    (``…_max``, what ``target_kl`` is compared with); NaN where there was no step or no such token."""
+    if not step_sums:
+        return dict.fromkeys(("approx_kl_text", "approx_kl_verdicts", "approx_kl_text_max",
+                              "approx_kl_verdicts_max"), math.nan)
+    text, verdicts = kl_means(torch.stack(step_sums).sum(0))
+    per_step = [kl_means(sums) for sums in step_sums]
+    largest = [max((kl[i] for kl in per_step if not math.isnan(kl[i])), default=math.nan) for i in (0, 1)]
+    return {"approx_kl_text": text, "approx_kl_verdicts": verdicts, "approx_kl_text_max": largest[0],
+            "approx_kl_verdicts_max": largest[1]}

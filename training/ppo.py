@@ -61,7 +61,7 @@ from training.dapo import EXTRA_STREAM_SEED, dynamic_sample, overlong_penalty
 from training.distributed import accumulating, backward, optimizer_step, reduce_mean
 from training.frozen_prefix import prefix_hidden
 from training.inputs import REPO_ROOT, next_questions
-from training.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_means
+from training.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
 from training.models import sequence_values
 from training.policy_eval import result_line
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows, put, select
@@ -264,7 +264,7 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
                           "tokens"), 0.0)
     grad_norms = {"actor": [], "critic": []}
     gap = [0.0, 0.0]  # |sampler − trainer| log-prob sum and token count, before the first actor step
-    kl_totals, stopped = torch.zeros(4, device=mask.device), False  # training/kl_stop.py (target_kl)
+    kl_steps, stopped = [], False  # each mini-batch's KL sums (training/kl_stop.py: target_kl)
     shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
     lengths = batch["attention_mask"].sum(-1)
     for epoch in range(cfg.ppo_epochs):
@@ -290,9 +290,9 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
                     grad_norms[name].append(optimizer_step(accelerator, model, run.optimizers[name],
                                                            run.schedulers[name], cfg.max_grad_norm))
             mini_kl = global_kl_sums(mini_kl, accelerator)
-            kl_totals += mini_kl
+            kl_steps.append(mini_kl)
             stopped = train_actor and exceeds_target_kl(mini_kl, cfg.target_kl)  # this step taken, no more
-    return {"sums": sums, "grad_norms": grad_norms, "gap": gap, "kl": kl_totals, "kl_stopped": stopped}
+    return {"sums": sums, "grad_norms": grad_norms, "gap": gap, "kl_steps": kl_steps, "kl_stopped": stopped}
 
 
 def _mean(values: list[float]) -> float:
@@ -314,8 +314,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         "kl_estimate": float(masked_mean(extras["kl_old"], mask)) if with_reference else math.nan,
         "entropy": actor_mean("entropy"), "clip_frac": actor_mean("clip_frac"),
         "approx_kl": actor_mean("approx_kl"), "policy_loss": actor_mean("policy_loss"),
-        "approx_kl_text": kl_means(trained["kl"])[0] if train_actor else math.nan,
-        "approx_kl_verdicts": kl_means(trained["kl"])[1] if train_actor else math.nan,
+        **kl_summary(trained["kl_steps"] if train_actor else []),
         "actor_steps": float(len(trained["grad_norms"]["actor"])), "kl_stopped": float(trained["kl_stopped"]),
         "value_loss": critic_mean("value_loss"), "value_clip_frac": critic_mean("value_clip_frac"),
         "explained_variance": (float(explained_variance(batch["old_values"], batch["returns"], mask))
