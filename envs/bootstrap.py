@@ -89,21 +89,30 @@ def bootstrap_interval(outcomes: Outcomes, statistic: Statistic, resamples: int 
 
 
 def runs_and_questions_rows(runs: int, n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
-    """(resamples, runs·n) indices into ``runs`` runs' outcomes laid end to end (run r's question q at
+    """(resamples, runs, n) indices into ``runs`` runs' outcomes laid end to end (run r's question q at
     r·n + q): each resample draws ``runs`` runs with replacement and ONE set of n questions with
     replacement, shared by the runs drawn (the runs answered the same questions)."""
     rng = np.random.default_rng(seed)
     chosen_runs = rng.integers(0, runs, size=(resamples, runs))  # (B, R)
     questions = rng.integers(0, n, size=(resamples, n))  # (B, n)
-    return (chosen_runs[:, :, None] * n + questions[:, None, :]).reshape(resamples, runs * n)
+    return chosen_runs[:, :, None] * n + questions[:, None, :]
+
+
+def mean_over_runs(statistic: Statistic, outcomes: Outcomes, rows: np.ndarray) -> np.ndarray:
+    """Each run's own statistic, averaged over the runs: rows (B, R, n) -> (B,). A ratio such as
+    selection precision stays per run, so a run that opened nothing counts as its 0 instead of
+    vanishing from a pooled Σ/Σ."""
+    resamples, runs, n = rows.shape
+    return statistic(outcomes, rows.reshape(resamples * runs, n)).reshape(resamples, runs).mean(axis=1)
 
 
 def multi_run_paired_bootstrap(befores: list[Outcomes], afters: list[Outcomes], statistic: Statistic,
                                resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL) -> PairedDifference:
-    """The change after − before pooled over several runs (seeds) on the same n questions, with a
-    two-level paired bootstrap interval: runs resampled with replacement (the spread between seeds),
-    then questions (the spread between questions), the same draw for before and after. ``befores[r]``,
-    ``afters[r]``: run r's outcome arrays (n,), every run in the same question order."""
+    """The change after − before over several runs (seeds) on the same n questions: the mean over
+    runs of each run's statistic, with a two-level paired bootstrap interval: runs resampled with
+    replacement (the spread between seeds), then questions (the spread between questions), the same
+    draw for before and after. ``befores[r]``, ``afters[r]``: run r's outcome arrays (n,), every run
+    in the same question order."""
     if not befores or len(befores) != len(afters):
         raise ValueError(f"need the same non-zero number of runs before and after ({len(befores)}, {len(afters)})")
     sizes = {len(v) for run in (*befores, *afters) for v in run.values()}
@@ -112,8 +121,9 @@ def multi_run_paired_bootstrap(befores: list[Outcomes], afters: list[Outcomes], 
     n, runs = sizes.pop(), len(befores)
     before = {k: np.concatenate([run[k] for run in befores]) for k in befores[0]}
     after = {k: np.concatenate([run[k] for run in afters]) for k in afters[0]}
-    everything = np.arange(runs * n)[None]
-    b, a = float(statistic(before, everything)[0]), float(statistic(after, everything)[0])
+    everything = np.arange(runs * n).reshape(1, runs, n)
+    b, a = (float(mean_over_runs(statistic, side, everything)[0]) for side in (before, after))
     rows = runs_and_questions_rows(runs, n, resamples, seed)
-    lo, hi = percentile_interval(statistic(after, rows) - statistic(before, rows), level)
+    diffs = mean_over_runs(statistic, after, rows) - mean_over_runs(statistic, before, rows)  # (B,)
+    lo, hi = percentile_interval(diffs, level)
     return PairedDifference(b, a, a - b, lo, hi)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from envs.bootstrap import mean_of, multi_run_paired_bootstrap, paired_bootstrap, runs_and_questions_rows
+from envs.bootstrap import mean_of, multi_run_paired_bootstrap, paired_bootstrap, pooled_ratio, runs_and_questions_rows
 from training.seed_spread import main
 
 
@@ -20,9 +20,8 @@ def outcomes(reward, positives, docs) -> dict[str, np.ndarray]:
 
 def test_each_resample_draws_runs_and_one_question_set_shared_by_them():
     rows = runs_and_questions_rows(runs=3, n=5, resamples=200, seed=1)
-    assert rows.shape == (200, 15)
-    blocks = rows.reshape(200, 3, 5)
-    runs, questions = blocks // 5, blocks % 5
+    assert rows.shape == (200, 3, 5)
+    runs, questions = rows // 5, rows % 5
     assert (runs == runs[:, :, :1]).all()  # one run per block
     assert (questions == questions[:, :1, :]).all()  # the same questions in every block of a resample
     assert len(np.unique(runs)) == 3 and len(np.unique(questions)) == 5
@@ -41,6 +40,18 @@ def test_the_pooled_interval_carries_the_spread_between_seeds():
     assert flat.hi - flat.lo < 0.6 * (change.hi - change.lo)
     agreeing = multi_run_paired_bootstrap([zero, zero], [up, up], mean_of("reward"), resamples=400)
     assert agreeing.lo == agreeing.hi == 1.0
+
+
+def test_a_run_that_opens_nothing_counts_as_its_zero_precision():
+    n = 20
+    opens_two_one_right = outcomes(np.zeros(n), np.ones(n), 2 * np.ones(n))  # precision 0.5
+    opens_nothing = outcomes(np.zeros(n), np.zeros(n), np.zeros(n))  # precision 0
+    precision = pooled_ratio("positives_opened", "docs_read")
+    change = multi_run_paired_bootstrap([opens_two_one_right] * 2, [opens_two_one_right, opens_nothing], precision,
+                                        resamples=400)
+    # Σ/Σ over both runs would say 0.5 -> 0.5: the run that stopped opening would vanish
+    assert (change.before, change.after, change.diff) == pytest.approx((0.5, 0.25, -0.25))
+    assert change.lo == pytest.approx(-0.5) and change.hi == pytest.approx(0.0)
 
 
 def test_runs_must_share_their_questions():

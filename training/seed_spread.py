@@ -8,9 +8,10 @@ per-question outcomes before and after PPO, in the same question order in every 
 same ``eval_questions`` and ``eval_seed``). Printed per run: before -> after, the difference and its
 paired bootstrap 95% interval (as the run itself printed it); then over the runs: the mean ± standard
 deviation of the differences, how many runs' intervals exclude 0 on the side of a gain, and the
-pooled change with :func:`envs.bootstrap.multi_run_paired_bootstrap` (runs resampled with replacement,
-then questions, the same draw before and after), which carries the spread between seeds as well as
-between questions. The last line is machine-readable:
+change over runs with :func:`envs.bootstrap.multi_run_paired_bootstrap` (the mean over runs of each
+run's own statistic, so a run whose greedy policy opened nothing counts with its precision 0; runs
+resampled with replacement, then questions, the same draw before and after), which carries the spread
+between seeds as well as between questions. The last line is machine-readable:
 ``runs=R reward_diff=… reward_diff_lo=… reward_diff_hi=… precision_diff=… precision_diff_lo=… precision_diff_hi=…``.
 """
 from __future__ import annotations
@@ -74,7 +75,7 @@ def print_report(folders: list[Path], result: dict) -> None:
         for name, row in comparison.items():
             print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
                   f"[{row['lo']:+.3f}, {row['hi']:+.3f}]")
-    print(f"over {result['runs']} runs (pooled change, 95% interval resampling runs then questions; "
+    print(f"over {result['runs']} runs (mean of the runs' statistics, 95% interval resampling runs then questions; "
           f"mean ± sd of the runs' differences; runs whose own interval is above 0):")
     for name, row in result["pooled"].items():
         print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
