@@ -6,7 +6,7 @@ runs with a two-level bootstrap interval (runs, then questions).
 Every run folder holds the ``eval.json`` the trainer writes (:func:`training.ppo_report.report_before_after`:
 per-question outcomes before and after PPO, in the same question order in every run that used the
 same ``eval_questions`` and ``eval_seed``). Printed per run: before -> after, the difference and its
-paired bootstrap 95% interval (as the run itself printed it); then over the runs: the mean ± standard
+paired bootstrap 95% interval (as the run itself printed it); then over the runs: the standard
 deviation of the differences, how many runs' intervals exclude 0 on the side of a gain, and the
 change over runs with :func:`envs.bootstrap.multi_run_paired_bootstrap` (the mean over runs of each
 run's own statistic, so a run whose greedy policy opened nothing counts with its precision 0; runs
@@ -48,15 +48,16 @@ def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
 
 
 def spread(runs: list[dict[str, dict[str, np.ndarray]]], resamples: int = 2000, seed: int = 0) -> dict:
-    """Per-run comparisons and, per statistic, the mean and standard deviation of the runs'
-    differences, the runs whose interval is above 0, and the pooled two-level bootstrap change."""
+    """Per-run comparisons and, per statistic, the change in the mean over runs with its two-level
+    bootstrap interval (its diff is the mean of the runs' differences), their standard deviation and
+    the runs whose interval is above 0."""
     per_run = [compare_runs(run["before"], run["after"], resamples, seed) for run in runs]
     pooled = {}
     for name, statistic in STATISTICS.items():
         diffs = [comparison[name]["diff"] for comparison in per_run]
         change = multi_run_paired_bootstrap([r["before"] for r in runs], [r["after"] for r in runs], statistic,
                                             resamples, seed)
-        pooled[name] = {**change.as_dict(), "diff_mean": statistics.fmean(diffs),
+        pooled[name] = {**change.as_dict(),
                         "diff_sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
                         "runs_above_zero": sum(comparison[name]["lo"] > 0 for comparison in per_run)}
     return {"runs": len(runs), "per_run": per_run, "pooled": pooled}
@@ -76,10 +77,10 @@ def print_report(folders: list[Path], result: dict) -> None:
             print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
                   f"[{row['lo']:+.3f}, {row['hi']:+.3f}]")
     print(f"over {result['runs']} runs (mean of the runs' statistics, 95% interval resampling runs then questions; "
-          f"mean ± sd of the runs' differences; runs whose own interval is above 0):")
+          f"sd of the runs' differences; runs whose own interval is above 0):")
     for name, row in result["pooled"].items():
         print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
-              f"[{row['lo']:+.3f}, {row['hi']:+.3f}]  runs {row['diff_mean']:+.3f} ± {row['diff_sd']:.3f}  "
+              f"[{row['lo']:+.3f}, {row['hi']:+.3f}]  sd {row['diff_sd']:.3f}  "
               f"above 0: {row['runs_above_zero']}/{result['runs']}")
 
 
