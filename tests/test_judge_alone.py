@@ -5,6 +5,8 @@ episode's advantage (plus its candidate's own term with ``verdict_credit``)."""
 from __future__ import annotations
 
 import functools
+import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,9 +18,11 @@ from envs.rewards import verdict_reward_gap
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
+from training.policy_eval import roc_auc, verdict_ranking, verdict_scores
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
 from training.rollout import RolloutConfig, collect_rollouts
-from training.trajectories import tokenize_trajectory, trajectory_from_episode
+from training.rollout_judge import VerdictRow
+from training.trajectories import alone_verdict_rows, sft_rows, tokenize_trajectory, trajectory_from_episode
 
 SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
 
@@ -60,11 +64,12 @@ def test_sft_shows_the_expand_of_verdicts_judged_alone_without_training_it():
     assert sum(alone["loss_mask"]) == sum(listed["loss_mask"]) - len(expand_ids)
 
 
-def alone_rollouts(model, tokenizer, retriever, examples, seed=5):  # noqa: F811
+def alone_rollouts(model, tokenizer, retriever, examples, seed=5, temperature=1.0):  # noqa: F811
     env_config = EnvConfig(expand_form="judge", judge_context="alone", max_actions=4, max_searches=1,
                            shuffle_candidates=True)
     venv = SearchVectorEnv(retriever, num_envs=4, config=env_config, tokenizer=tokenizer)
-    config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, samples_per_question=4, seed=seed)
+    config = RolloutConfig(max_turn_tokens=8, max_context_tokens=2048, samples_per_question=4, seed=seed,
+                           temperature=temperature)
     prompt = functools.partial(SeedsR1.prompt, env=env_config)
     return collect_rollouts(HFBackend(model, tokenizer), venv, examples[:3], config, prompt), venv
 
@@ -88,6 +93,7 @@ def test_rollout_keeps_each_verdict_as_a_row_with_its_gap(script_lm, tokenizer, 
             opened = row.token_ids[-1] == yes
             assert opened == (number in search["expanded"])
             assert row.reward_gap == pytest.approx(verdict_reward_gap(opened, positive, correct, venv.config.reward))
+            assert row.positive == positive
             kinds.add((opened, positive))
         expand = "<expand>" + " ".join(f"[{i}] {'yes' if r.token_ids[-1] == yes else 'no'}"
                                        for i, r in enumerate(episode.verdict_rows, start=1)) + "</expand>"
@@ -115,6 +121,26 @@ def test_an_episode_judged_alone_reads_back_as_a_record_with_its_expand(script_l
         assert record["reason"] != "search_without_expand"
         layout = tokenize_trajectory(record, tokenizer, "judge", judge_context="alone")
         assert layout["input_ids"] == episode.token_ids and layout["loss_mask"] == episode.loss_mask
+
+
+def test_sft_verdict_rows_judged_alone_are_the_rollouts_verdict_rows(script_lm, tokenizer, retriever,  # noqa: F811
+                                                                   examples):
+    """With ``train_verdicts`` SFT trains each verdict in the very context a rollout judges it in
+    (the record read back from an episode gives that episode's verdict rows, token for token), the
+    verdict token the only label; without it, no verdict rows."""
+    episodes, _ = alone_rollouts(script_lm, tokenizer, retriever, examples)
+    by_id = {e.id: e for e in examples}
+    for episode in episodes:
+        record = trajectory_from_episode(episode, tokenizer, by_id[episode.example_id])
+        rows = alone_verdict_rows(record, tokenizer)
+        assert [r["input_ids"] for r in rows] == [v.token_ids for v in episode.verdict_rows]
+        assert all(r["labels"][:-1] == [-100] * (len(r["labels"]) - 1) and r["labels"][-1] == r["input_ids"][-1]
+                   for r in rows)
+        trained = sft_rows([record], tokenizer, expand_form="judge", judge_context="alone")
+        shown = sft_rows([record], tokenizer, expand_form="judge", judge_context="alone", train_verdicts=False)
+        assert trained[1:] == rows and len(shown) == 1 and trained[0] == shown[0]
+        assert sft_rows([record], tokenizer, expand_form="judge", judge_context="stream",
+                        train_verdicts=True)[1:] == []  # the stream form trains its verdicts in the episode row
 
 
 def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm, tokenizer, retriever,  # noqa: F811
@@ -155,3 +181,31 @@ def test_a_critic_is_refused_with_verdicts_judged_alone():
         check_judge_context(PPOConfig(advantage="gae"), alone)
     check_judge_context(PPOConfig(advantage="grpo"), alone)
     check_judge_context(PPOConfig(advantage="gae"), Env(expand_form="judge"))
+
+
+def test_verdict_ranking_reads_pi_yes_off_either_choice():
+    """π(yes) is the chosen token's probability when it said yes and its complement when it said no;
+    a verdict the env did not count (label unknown) is left out; AUC ranks π(yes) by the labels."""
+    yes, no = 7, 9
+    rows = [VerdictRow([1, yes], math.log(0.8), positive=True), VerdictRow([1, no], math.log(0.6), positive=False),
+            VerdictRow([1, no], math.log(0.9), positive=True), VerdictRow([1, yes], math.log(0.5), positive=None)]
+    pairs = verdict_scores([SimpleNamespace(verdict_rows=rows)], yes)
+    assert [y for y, _ in pairs] == [True, False, True]
+    assert [p for _, p in pairs] == pytest.approx([0.8, 0.4, 0.1])
+    ranking = verdict_ranking(pairs)
+    assert ranking["verdicts"] == 3 and ranking["verdict_auc"] == pytest.approx(0.5)
+    assert ranking["yes_prob_positive"] == pytest.approx(0.45) and ranking["yes_prob_negative"] == pytest.approx(0.4)
+    assert roc_auc([True, False, False], [0.9, 0.1, 0.5]) == 1.0 and math.isnan(roc_auc([True], [0.3]))
+
+
+def test_greedy_verdicts_keep_their_pi_yes(script_lm, tokenizer, retriever, examples):  # noqa: F811
+    """Greedy episodes judged alone still carry each verdict's probability: the greedy choice is yes
+    exactly where π(yes) >= 0.5, so the evaluation can report the ranking next to what greedy opened."""
+    episodes, _ = alone_rollouts(script_lm, tokenizer, retriever, examples, temperature=0.0)
+    yes, _ = judge_token_ids(tokenizer)
+    pairs = verdict_scores(episodes, yes)
+    rows = [r for e in episodes for r in e.verdict_rows]
+    assert len(pairs) == len(rows) > 0
+    for row, (positive, p_yes) in zip(rows, pairs):
+        assert 0.0 <= p_yes <= 1.0 and positive == row.positive
+        assert p_yes >= 0.5 - 1e-6 if row.token_ids[-1] == yes else p_yes <= 0.5 + 1e-6

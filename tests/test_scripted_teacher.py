@@ -3,6 +3,8 @@ reader rule over what it opened, writes expands in the env's form, and every env
 counts observation caps in the policy's tokens. Word-overlap toy retriever of conftest."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from envs.config import EnvConfig
@@ -105,6 +107,26 @@ def test_judge_form_expands_and_prompt(retriever, examples):
                                 (f"[{i}]", "yes" if i in record["summary"]["searches"][0]["expanded"] else "no")]
     assert trajectories.seeds_r1_prompt("q?") == trajectories.seeds_r1_prompt("q?", EnvConfig())
     assert "judge" not in trajectories.seeds_r1_prompt("q?")
+
+
+def test_open_rate_opens_each_candidate_with_its_probability(retriever, examples):
+    """``open_rate``: every candidate is a coin of its own (so a snapshot may open none or all),
+    at the rate asked; 0 opens nothing, 1 everything; outside [0, 1] is refused."""
+    config = EnvConfig(expand_form="judge", max_expand=5)
+
+    def opened(rate: float, seed: int) -> tuple[int, int]:
+        settings = ScriptedTeacherConfig(open_rate=rate, second_search=False)
+        many = [dataclasses.replace(e, id=f"{e.id}-{k}") for k in range(8) for e in examples]
+        searches = [r["summary"]["searches"][0] for r in
+                    collect_scripted(many, retriever, config, settings, num_envs=4, seed=seed)]
+        return sum(len(s["expanded"]) for s in searches), sum(len(s["ids"]) for s in searches)
+
+    assert opened(0.0, 0)[0] == 0
+    assert opened(1.0, 0)[0] == opened(1.0, 0)[1]
+    half = [opened(0.5, seed) for seed in (0, 1)]
+    assert all(0.3 < k / n < 0.7 for k, n in half) and half[0] != half[1]
+    with pytest.raises(ValueError, match="open_rate"):
+        ScriptedTeacherConfig(open_rate=1.5)
 
 
 def test_observation_caps_count_the_policy_tokens(retriever, examples):

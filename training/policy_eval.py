@@ -13,6 +13,7 @@ precision (positives opened / documents opened over the resampled questions, as
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,6 +32,40 @@ def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
         "positives_opened": np.array([e.info.get("positives_opened", 0) for e in episodes], dtype=np.float64),
         "docs_read": np.array([e.info.get("docs_read", 0) for e in episodes], dtype=np.float64),
     }
+
+
+def roc_auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
+    """P(score of a random positive > score of a random negative), ties counted half; NaN when
+    either class is missing. labels, scores: (N,)."""
+    y, x = np.asarray(labels, dtype=bool), np.asarray(scores, dtype=np.float64)
+    pos, neg = x[y], x[~y]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    return float(greater / (len(pos) * len(neg)))
+
+
+def verdict_scores(episodes: Sequence, yes_id: int) -> list[tuple[bool, float]]:
+    """(positive, π(yes)) of every verdict judged alone that the env counted (its candidate's label
+    known): π(yes) from the verdict's log-prob, over the yes/no choices when constrained (greedy
+    episodes keep it too), whichever token was chosen."""
+    pairs = []
+    for episode in episodes:
+        for row in getattr(episode, "verdict_rows", None) or ():
+            if row.positive is not None:
+                p = math.exp(row.logprob)
+                pairs.append((row.positive, p if row.token_ids[-1] == yes_id else 1.0 - p))
+    return pairs
+
+
+def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
+    """How the verdicts rank candidates, apart from where greedy decoding cuts (π(yes) > 0.5): the
+    mean π(yes) of positives and of negatives, and the AUC of π(yes) for the labels."""
+    labels, scores = [y for y, _ in pairs], [p for _, p in pairs]
+    positives, negatives = [p for y, p in pairs if y], [p for y, p in pairs if not y]
+    return {"verdicts": float(len(pairs)), "verdict_auc": roc_auc(labels, scores),
+            "yes_prob_positive": float(np.mean(positives)) if positives else float("nan"),
+            "yes_prob_negative": float(np.mean(negatives)) if negatives else float("nan")}
 
 
 STATISTICS: dict[str, Statistic] = {

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 from envs.atomic import write_json_atomic
+from envs.protocol import judge_token_ids
 from envs.vector_env import SearchVectorEnv
 from training.config import PPOConfig
 from training.distributed import reduce_mean
-from training.policy_eval import compare_runs, gather_outcomes, question_outcomes
+from training.policy_eval import compare_runs, gather_outcomes, question_outcomes, verdict_ranking, verdict_scores
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 
 # Metrics averaged over processes (rollout_stats keys plus the trainer's).
@@ -39,7 +40,16 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
     outcomes = gather_outcomes(accelerator, question_outcomes(episodes), indices, len(examples))
-    return reduce_mean(accelerator, stats), outcomes
+    stats = reduce_mean(accelerator, stats)
+    judged_alone = tokenizer is not None and any(e.verdict_rows for e in episodes)
+    pairs = verdict_scores(episodes, judge_token_ids(tokenizer)[0]) if judged_alone else []
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        pairs = gather_object(pairs)
+    if pairs:  # the judgement form judged alone: how the verdicts rank, whatever greedy opens
+        stats.update(verdict_ranking(pairs))
+    return stats, outcomes
 
 
 def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict, outcomes_start: dict,
@@ -55,6 +65,12 @@ def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict
                           f"diff {row['diff']:+.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]")
     accelerator.print(f"[ppo]   documents read per question {eval_start['docs_read_per_question']:.2f} -> "
                       f"{eval_end['docs_read_per_question']:.2f}")
+    if "verdict_auc" in eval_start and "verdict_auc" in eval_end:
+        accelerator.print("[ppo]   verdicts: π(yes) positives / negatives "
+                          f"{eval_start['yes_prob_positive']:.3f} / {eval_start['yes_prob_negative']:.3f} -> "
+                          f"{eval_end['yes_prob_positive']:.3f} / {eval_end['yes_prob_negative']:.3f}, AUC "
+                          f"{eval_start['verdict_auc']:.3f} -> {eval_end['verdict_auc']:.3f} "
+                          f"({eval_end['verdicts']:.0f} verdicts)")
     report = {"before": eval_start, "after": eval_end, "questions": n, "comparison": comparison,
               "per_question": {"before": {k: v.tolist() for k, v in outcomes_start.items()},
                                "after": {k: v.tolist() for k, v in outcomes_end.items()}}}

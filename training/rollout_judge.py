@@ -44,6 +44,7 @@ class VerdictRow:
     token_ids: list[int]
     logprob: float
     reward_gap: float = 0.0
+    positive: bool | None = None  # its candidate's label, once the env accepted the judgement (None: not counted)
 
 
 def judging_rows(observations: list[str], rows: list[int]) -> dict[int, str]:
@@ -144,10 +145,11 @@ def record_judgement(slot: Any, info: dict) -> None:
         slot.judgements.append((int(info["n_searches"]) - 1, verdicts))
 
 
-def judged_gaps(slot: Any, config: RewardConfig) -> list[tuple[int, float]]:
-    """(where, gap) for each accepted verdict: :func:`envs.rewards.verdict_reward_gap` of its
-    candidate (labels from the episode's search records, answer correctness from its end); where
-    is the verdict's token position in the stream, or its index in ``slot.verdict_rows`` (alone)."""
+def judged_gaps(slot: Any, config: RewardConfig) -> list[tuple[int, float, bool]]:
+    """(where, gap, positive) for each accepted verdict: :func:`envs.rewards.verdict_reward_gap` of
+    its candidate (labels from the episode's search records, answer correctness from its end) and
+    that label; where is the verdict's token position in the stream, or its index in
+    ``slot.verdict_rows`` (alone)."""
     searches = slot.info.get("searches", [])
     if not slot.judgements or not searches:
         return []
@@ -156,7 +158,7 @@ def judged_gaps(slot: Any, config: RewardConfig) -> list[tuple[int, float]]:
     for search_index, verdicts in slot.judgements:
         positive = searches[search_index]["positive"]
         for i, (where, opened) in enumerate(verdicts[:len(positive)]):
-            out.append((where, verdict_reward_gap(opened, positive[i], correct, config)))
+            out.append((where, verdict_reward_gap(opened, positive[i], correct, config), bool(positive[i])))
     return out
 
 
@@ -166,12 +168,12 @@ def verdict_reward_gaps(slot: Any, num_tokens: int, config: RewardConfig) -> lis
     Empty when no verdict of the stream counts (``Episode.choice_reward_gap``)."""
     gaps = judged_gaps(slot, config)
     if slot.verdict_rows:
-        for where, gap in gaps:
-            slot.verdict_rows[where].reward_gap = gap
+        for where, gap, positive in gaps:
+            slot.verdict_rows[where].reward_gap, slot.verdict_rows[where].positive = gap, positive
         return []
     if not gaps:
         return []
     out = [0.0] * num_tokens
-    for where, gap in gaps:
+    for where, gap, _ in gaps:
         out[where] = gap
     return out

@@ -5,10 +5,11 @@
   searches again (``second_search``) only when no passage it opened shares a content word with
   the question, picking the unopened candidate whose snapshot line shares the most, and only
   while a search, its expand and the answer still fit the env's action budget.
-- **Expansion** (``expand``): ``"random"`` (the default) opens ``random_expand`` random
-  candidates of each snapshot: it teaches the protocol, not which candidates to open (left to
-  PPO). ``"positives"`` is GOLD-GUIDED: it opens the candidates labelled positive for the
-  question (plus ``extra_expand`` random others); use it only to study what gold expansions do.
+- **Expansion** (``expand``): ``"random"`` (the default) opens ``random_expand`` random candidates
+  of each snapshot, or each candidate with probability ``open_rate``: it teaches the protocol, not
+  which candidates to open (left to PPO). ``"positives"`` is GOLD-GUIDED: it opens the candidates
+  labelled positive for the question (plus ``extra_expand`` random others); use it only to study
+  what gold expansions do.
 - **Answer** by a named reader rule over the passages it opened (:data:`READER_RULES`);
   ``"first_title"``: the title of the first passage of the last ``<information>`` observation
   that showed passages (the default corpus's answers are article titles), ``"unknown"`` when
@@ -88,6 +89,9 @@ class ScriptedTeacherConfig:
     expand: str = "random"  # "random" or the gold-guided "positives"
     extra_expand: int = 0  # positives mode: random non-positives opened as well
     random_expand: int = 2  # random mode: candidates opened per snapshot
+    # random mode: open each candidate independently with this probability instead (None: random_expand of them);
+    # with the judgement form judged alone and SFT on the verdicts, it is the warm start's yes rate
+    open_rate: float | None = None
     second_search: bool = True  # search a shown candidate's title when nothing read touches the question
     think: bool = True  # a short templated <think> before every action
     reader: str = "first_title"  # a key of READER_RULES
@@ -99,6 +103,8 @@ class ScriptedTeacherConfig:
             raise ValueError(f"teacher reader must be one of {sorted(READER_RULES)}, not {self.reader!r}")
         if self.extra_expand < 0 or self.random_expand < 0:
             raise ValueError("extra_expand and random_expand must be >= 0")
+        if self.open_rate is not None and not 0.0 <= self.open_rate <= 1.0:
+            raise ValueError(f"open_rate must lie in [0, 1] (or None), not {self.open_rate}")
 
     @property
     def name(self) -> str:
@@ -172,6 +178,8 @@ class ScriptedTeacher:
             others = [i + 1 for i in range(n) if not search["positive"][i]]
             extra = min(self.settings.extra_expand, len(others), max(0, limit - len(chosen)))
             chosen = sorted(chosen + self.rng.sample(others, extra))
+        elif self.settings.open_rate is not None:  # each candidate a coin of its own, at most max_expand
+            chosen = [i for i in range(1, n + 1) if self.rng.random() < self.settings.open_rate][:limit]
         else:
             chosen = sorted(self.rng.sample(range(1, n + 1), min(self.settings.random_expand, n, limit)))
         action = format_expand(chosen, n_candidates=n, form=self.config.expand_form)

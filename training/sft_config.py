@@ -39,8 +39,11 @@ class WarmStartConfig:
     teacher_expand: str = "random"  # scripted: "random", or the GOLD-GUIDED "positives" (+ extra random)
     teacher_extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
     teacher_random_expand: int = 2  # scripted, random mode: candidates opened per snapshot
+    teacher_open_rate: float | None = None  # scripted, random mode: each candidate opened with this probability instead
     # judgement form: false = the teacher's verdicts are context, not targets (its random choices are not
-    # imitated, so the policy keeps its own judgement of relevance for PPO to sharpen)
+    # imitated, so the policy keeps its own judgement of relevance for PPO to sharpen). Judged alone
+    # (env judge_context: alone), true adds one short row per verdict (its alone context + the teacher's
+    # verdict token): the random choices then set the warm start's yes rate, not which candidates it opens
     train_verdicts: bool = True
     teacher_second_search: bool = True  # scripted: search a shown title when nothing read touches the question
     teacher_think: bool = True  # scripted: a short <think> before every action
@@ -97,7 +100,7 @@ class WarmStartConfig:
 
     def scripted_teacher(self) -> ScriptedTeacherConfig:
         return ScriptedTeacherConfig(expand=self.teacher_expand, extra_expand=self.teacher_extra_expand,
-                                     random_expand=self.teacher_random_expand,
+                                     random_expand=self.teacher_random_expand, open_rate=self.teacher_open_rate,
                                      second_search=self.teacher_second_search, think=self.teacher_think,
                                      reader=self.teacher_reader)
 

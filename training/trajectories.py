@@ -33,6 +33,7 @@ from envs.protocol import (
     AnswerAction,
     ExpandAction,
     SearchAction,
+    judge_alone_prompts,
     judge_chunks,
     parse_action,
     snapshot_candidates,
@@ -349,7 +350,8 @@ def _judged_expand_as_action(segment: dict) -> list[dict]:
 
 def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
              expand_form: str = "list", train_verdicts: bool = True, judge_context: str = "stream") -> list[dict]:
-    """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped."""
+    """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped.
+    Judged alone with ``train_verdicts``, each record's verdict rows (:func:`alone_verdict_rows`) follow it."""
     rows = []
     for record in records:
         layout = tokenize_trajectory(record, tokenizer, expand_form, train_verdicts, judge_context)
@@ -359,6 +361,25 @@ def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = N
             continue
         labels = [t if m else -100 for t, m in zip(layout["input_ids"], layout["loss_mask"])]
         rows.append({"input_ids": layout["input_ids"], "labels": labels})
+        if expand_form == "judge" and judge_context == "alone" and train_verdicts:
+            rows += alone_verdict_rows(record, tokenizer)
+    return rows
+
+
+def alone_verdict_rows(record: dict, tokenizer: Any) -> list[dict]:
+    """One row per verdict of a record judged alone: the candidate's own context
+    (:func:`envs.protocol.judge_alone_prompts`, tokenized as :func:`training.rollout_judge.judge_alone`
+    does) and then the teacher's verdict token, the only label. Snapshots without a complete
+    judgement expand after them give none."""
+    rows = []
+    segments = record["segments"]
+    for k, segment in enumerate(segments[:-1]):
+        verdicts = _judged_verdicts(segment["text"], segments[k + 1]) if segment["role"] == "observation" else None
+        for context, verdict in zip(judge_alone_prompts(record["question"], segment["text"]) if verdicts else (),
+                                    verdicts or ()):
+            context_ids = list(tokenizer(context, add_special_tokens=True)["input_ids"])
+            verdict_ids = list(tokenizer(verdict, add_special_tokens=False)["input_ids"])
+            rows.append({"input_ids": context_ids + verdict_ids, "labels": [-100] * len(context_ids) + verdict_ids})
     return rows
 
 

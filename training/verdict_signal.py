@@ -19,6 +19,7 @@ from transformers.masking_utils import create_causal_mask
 
 from training.config import LoraSettings
 from training.models import lora_config
+from training.policy_eval import roc_auc  # noqa: F401 (scripts/verdict_signal.py imports it from here)
 from training.scripted_teacher import content_words
 
 
@@ -51,17 +52,6 @@ def judged_episodes(episodes: Sequence, tokenizer) -> tuple[list[JudgedEpisode],
         judged.append(JudgedEpisode(episode.group_id, list(episode.token_ids[:positions[-1] + 1]), positions,
                                     labels, texts))
     return judged, skipped
-
-
-def roc_auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
-    """P(score of a random positive > score of a random negative), ties counted half; NaN when
-    either class is missing. labels, scores: (N,)."""
-    pos = torch.tensor([s for s, y in zip(scores, labels) if y], dtype=torch.float64)
-    neg = torch.tensor([s for s, y in zip(scores, labels) if not y], dtype=torch.float64)
-    if len(pos) == 0 or len(neg) == 0:
-        return float("nan")
-    greater = (pos[:, None] > neg[None, :]).double().sum() + 0.5 * (pos[:, None] == neg[None, :]).double().sum()
-    return float(greater / (len(pos) * len(neg)))
 
 
 def question_overlap(question: str, text: str) -> float:
