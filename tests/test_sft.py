@@ -327,3 +327,25 @@ def test_cli_config_and_collect_only(tokenizer, retriever, examples, tmp_path, m
     record = json.loads(lines[0])
     assert trajectories.acceptance(record) == (record["accepted"], record["reason"])
     assert isinstance(parse_action(record["segments"][3]["text"]), ExpandAction)
+
+
+def test_group_by_length_batches_rows_of_similar_length(tokenizer):
+    """``group_by_length``: short rows (verdicts judged alone) are batched with short rows rather than
+    padded to a whole episode's length (transformers' sampler sorts within mega-batches of
+    min(rows // (4 · batch), 50) batches); every row is still seen once per epoch."""
+    rows = []
+    for k in range(48):  # one long row, then three short ones, as SFT lays out an episode and its verdicts
+        rows += [{"input_ids": [5 + k] * 60, "labels": [5 + k] * 60}] if k % 4 == 0 else []
+        rows += [{"input_ids": [100 + k] * 6, "labels": [-100] * 5 + [100 + k]}]
+
+    def padded_cells(group_by_length: bool) -> tuple[int, list[int]]:
+        config = sft.WarmStartConfig(output_dir="unused", batch_size=4, device="cpu", group_by_length=group_by_length)
+        loader = sft.build_trainer(rows, config, tiny_llama(tokenizer), tokenizer).get_train_dataloader()
+        batches = [batch["input_ids"] for batch in loader]
+        return sum(b.numel() for b in batches), sorted(int(b[i, (b[i] != 0).nonzero().max()]) for b in batches
+                                                       for i in range(len(b)))
+
+    grouped, seen = padded_cells(True)
+    shuffled, seen_shuffled = padded_cells(False)
+    assert grouped < 0.7 * shuffled
+    assert seen == seen_shuffled == sorted(r["input_ids"][-1] for r in rows)

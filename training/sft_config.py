@@ -65,6 +65,9 @@ class WarmStartConfig:
     epochs: int = 3
     learning_rate: float = 1e-5
     batch_size: int = 4
+    # batches of rows of similar length (transformers' LengthGroupedSampler): less padding where short rows
+    # (verdicts judged alone) train beside whole episodes
+    group_by_length: bool = False
     gradient_accumulation_steps: int = 1
     warmup_ratio: float = 0.05  # fraction of the steps (TrainingArguments.warmup_steps as a float < 1)
     weight_decay: float = 0.0

@@ -184,6 +184,7 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
         weight_decay=config.weight_decay, lr_scheduler_type="linear", logging_steps=config.logging_steps,
         save_strategy="no", eval_strategy="no", report_to=config.report_to, max_length=None, bf16=bf16, fp16=False,
         seed=config.seed, data_seed=config.seed,
+        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
         use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not config.progress,
         **_checkpointing(config.gradient_checkpointing),
     )
