@@ -127,6 +127,9 @@ class PPOConfig:
     kl_coef: float = 0.001
     kl_mode: str = "reward"  # "reward": −β·KL in the token rewards; "loss": β·KL added to the loss
     kl_estimator: str = "k1"  # k1 | k2 | k3
+    # "verdicts": the KL term on the judgement form's constrained verdict tokens only (the reference pass
+    # skips rows without one): anchors how often the policy says yes to the warm start's rate, leaves the text free
+    kl_tokens: str = "all"
     # "recompute": old log-probs from a trainer forward pass after the rollout (verl/OpenRLHF);
     # "sampler": the rollout's own log-probs (one forward pass fewer; exact when the sampler runs the
     # trainer's weights in the trainer's precision, as the HF engine does; the gap is still logged)
@@ -180,7 +183,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_env_overrides(self.env)
-        choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"),
+        choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"), "kl_tokens": ("all", "verdicts"),
                    "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp"),
                    "report_to": ("none", "wandb"), "tis": ("none", "token", "sequence"),
                    "tis_mode": ("truncate", "mask"),

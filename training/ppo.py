@@ -95,7 +95,8 @@ def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, m
     (:func:`training.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
 
     Per model token: PPO's clipped surrogate (times the importance weight with ``tis``)
-    − entropy_coef·H_t (+ kl_coef·KL_t with ``kl_mode: loss``). logp, entropy: (B, T).
+    − entropy_coef·H_t (+ kl_coef·KL_t with ``kl_mode: loss``, at verdict tokens only with
+    ``kl_tokens: verdicts``). logp, entropy: (B, T).
     """
     mask = mb["model_mask"]
     surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low,
@@ -104,7 +105,8 @@ def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, m
         surrogate = surrogate * mb["is_weight"]
     per_token = surrogate - cfg.entropy_coef * entropy
     if cfg.kl_mode == "loss":
-        per_token = per_token + cfg.kl_coef * kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator)
+        kl = kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator)
+        per_token = per_token + cfg.kl_coef * (kl * mb["choice_mask"] if cfg.kl_tokens == "verdicts" else kl)
     norm = float(cfg.loss_agg_norm_tokens or cfg.max_context_tokens)
     loss = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_sequences, norm)
     return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats
@@ -193,14 +195,15 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
             if recompute:
                 put(old_logp, rows, run.actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"],
                                               **choices, **prefix_of(run, mb))[0])
-            if with_reference:
+            if with_reference and (cfg.kl_tokens == "all" or bool(mb["choice_mask"].any())):
                 put(ref_logp, rows, run.models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
                                                                   mb["model_mask"], **choices))
             if run.critic is not None:
                 put(values, rows, sequence_values(run.critic, mb["input_ids"], mb["attention_mask"]))
     set_train_mode(True, run.actor, run.critic)
     values = values * mask
-    kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * mask if with_reference else torch.zeros_like(mask)
+    kl_scope = batch["choice_mask"] * mask if cfg.kl_tokens == "verdicts" else mask  # where the KL term applies
+    kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * kl_scope if with_reference else torch.zeros_like(mask)
     token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
                                         cfg.kl_coef)
     E = len(episodes)  # the episode rows; verdict rows judged alone follow (their episode's advantage × weight)
@@ -219,7 +222,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
                                                            cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
-    extras = {"kl_old": kl_old, "overlong": overlong[:E], "tis": tis_stats}
+    extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats}
     return batch, extras
 
 
@@ -303,15 +306,15 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
                  train_actor: bool, timings: dict[str, float]) -> dict[str, float]:
     """The update's metrics, averaged over processes: rollout statistics, KL, entropy, clipping,
     losses, critic fit, gradient norms, DAPO/TIS figures and timings (README: "Metrics")."""
-    mask, sums, gap = batch["model_mask"], trained["sums"], trained["gap"]
+    mask, sums, gap, kl_scope = batch["model_mask"], trained["sums"], trained["gap"], extras["kl_scope"]
     tokens = max(sums["tokens"], 1.0)
     actor_mean = (lambda key: sums[key] / tokens) if train_actor else (lambda key: math.nan)
     critic_mean = (lambda key: sums[key] / tokens) if run.critic is not None else (lambda key: math.nan)
     with_reference, recompute, tis = run.cfg.kl_coef > 0, run.cfg.old_logprobs == "recompute", extras["tis"]
     stats = {k: v for k, v in rollout_stats(episodes).items() if k in ROLLOUT_KEYS}
     stats.update({
-        "kl": float(masked_mean(batch["old_logp"] - batch["ref_logp"], mask)) if with_reference else math.nan,
-        "kl_estimate": float(masked_mean(extras["kl_old"], mask)) if with_reference else math.nan,
+        "kl": float(masked_mean(batch["old_logp"] - batch["ref_logp"], kl_scope)) if with_reference else math.nan,
+        "kl_estimate": float(masked_mean(extras["kl_old"], kl_scope)) if with_reference else math.nan,
         "entropy": actor_mean("entropy"), "clip_frac": actor_mean("clip_frac"),
         "approx_kl": actor_mean("approx_kl"), "policy_loss": actor_mean("policy_loss"),
         **kl_summary(trained["kl_steps"] if train_actor else []),

@@ -1,0 +1,65 @@
+"""``kl_tokens: verdicts``: the KL term to the reference on the constrained verdict tokens only."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
+
+from tests.test_ppo_loop import tiny_cfg
+from training.config import ConfigError, PPOConfig
+from training.models import wrap_models
+from training.ppo import actor_objective, train
+
+
+def objective(kl_coef: float, kl_tokens: str) -> float:
+    """One row, three model tokens: text, verdict, text; the policy has moved away from the reference
+    at every token, and not from the sampler (ratio 1, zero advantage: the surrogate is 0)."""
+    cfg = PPOConfig(kl_coef=kl_coef, kl_mode="loss", kl_estimator="k3", kl_tokens=kl_tokens)
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.6]]))
+    mb = {"model_mask": torch.ones(1, 3), "old_logp": logp.clone(), "advantages": torch.zeros(1, 3),
+          "ref_logp": torch.log(torch.tensor([[0.1, 0.5, 0.9]])), "choice_mask": torch.tensor([[0.0, 1.0, 0.0]])}
+    loss, *_ = actor_objective(cfg, logp, torch.zeros(1, 3), mb, torch.tensor(3.0), torch.tensor(1.0))
+    return float(loss)
+
+
+def k3(p: float, ref: float) -> float:
+    ratio = ref / p
+    return ratio - 1 - torch.log(torch.tensor(ratio)).item()
+
+
+def test_verdict_kl_counts_the_verdict_token_only():
+    assert objective(0.0, "all") == pytest.approx(0.0, abs=1e-7)
+    assert objective(1.0, "all") == pytest.approx((k3(0.5, 0.1) + k3(0.2, 0.5) + k3(0.6, 0.9)) / 3, rel=1e-5)
+    assert objective(1.0, "verdicts") == pytest.approx(k3(0.2, 0.5) / 3, rel=1e-5)
+    assert objective(2.0, "verdicts") == pytest.approx(2 * objective(1.0, "verdicts"), rel=1e-6)
+
+
+def test_kl_tokens_is_checked():
+    with pytest.raises(ConfigError, match="kl_tokens"):
+        PPOConfig(kl_tokens="text")
+
+
+def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, retriever, examples, script_lm,  # noqa: F811
+                                                                   tokenizer):  # noqa: F811
+    """Judged alone, the episodes' rows carry no verdict token: the reference pass skips them, and
+    the logged KL is the verdicts' (finite, from the rows the reference scored)."""
+    env = {"max_actions": 3, "max_searches": 1, "expand_form": "judge", "judge_context": "alone"}
+    cfg = tiny_cfg(tmp_path, advantage="grpo", temperature=1.0, env=env, kl_coef=0.5, kl_mode="loss",
+                   kl_estimator="k3", kl_tokens="verdicts")
+    torch.manual_seed(0)
+    models = wrap_models(copy.deepcopy(script_lm), tokenizer, cfg)
+    scored = []
+
+    def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
+        scored.append(choice_mask.sum(dim=1))
+        return reference(input_ids, attention_mask, target_mask, choice_mask, choice_ids)
+
+    reference, models = models.reference_logprobs, dataclasses.replace(models, reference_logprobs=reference_logprobs)
+    result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+    assert scored and all(bool((rows >= 1).any()) for rows in scored)
+    assert sum(int((rows == 0).sum()) for rows in scored) < cfg.micro_batch_size  # no all-episode micro-batch
+    assert math.isfinite(result["history"][0]["kl"])
