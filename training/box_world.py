@@ -111,9 +111,12 @@ def build(folder: str | Path) -> dict:
 
 
 def warm_start_config(setup, env: dict | None = None, name: str = "sft") -> WarmStartConfig:
-    """The scripted teacher opening two random boxes; 30 epochs (TRL) on the training questions."""
+    """The scripted teacher opening two random boxes; 30 epochs (TRL) on the training questions.
+    Judged alone, its verdicts are shown, not trained (``train_verdicts`` off: no verdict rows)."""
+    env = dict(env or ENV)
     return WarmStartConfig(model=str(setup["base"]), dtype="float32", device="cpu",
-                           output_dir=str(setup["folder"] / name), env=dict(env or ENV), teacher_think=False,
+                           output_dir=str(setup["folder"] / name), env=env, teacher_think=False,
+                           train_verdicts=env.get("judge_context", "stream") != "alone",
                            teacher_random_expand=2, teacher_second_search=False, epochs=30,
                            learning_rate=3e-3, batch_size=16, warmup_ratio=0.0, dev_eval=False, dev_fraction=0.0,
                            max_length=1024, num_envs=16)
