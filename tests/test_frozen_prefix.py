@@ -21,14 +21,18 @@ def tok():
     return tiny_tokenizer()
 
 
-def lora_actor(tok, family: str, top_layers: int | None):
+def lora_models(tok, family: str, top_layers: int | None):
     lm = tiny_llama(tok) if family == "llama" else tiny_gemma3(tok, window=3)
     cfg = tiny_cfg("unused", lora=LoraSettings(r=4, alpha=8, top_layers=top_layers), critic_warmup_updates=0)
-    actor = wrap_models(lm, tok, cfg).actor
-    for name, p in actor.named_parameters():  # LoRA's B starts at 0: move it, so the adapters matter
+    models = wrap_models(lm, tok, cfg)
+    for name, p in models.actor.named_parameters():  # LoRA's B starts at 0: move it, so the adapters matter
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.2)
-    return actor
+    return models
+
+
+def lora_actor(tok, family: str, top_layers: int | None):
+    return lora_models(tok, family, top_layers).actor
 
 
 def logprobs_and_grads(actor, ids, attention, **prefix):
@@ -71,17 +75,44 @@ def test_prefix_hidden_refuses_depth_zero(tok):
         prefix_hidden(tiny_llama(tok), *probe(tok), 0)
 
 
-def test_ppo_with_the_cache_trains_the_same_weights(tok, tmp_path, retriever, examples):
-    """Two updates, two PPO epochs: the same trained LoRA weights with and without the cache."""
+def test_the_reference_from_the_cached_prefix_is_its_full_forward(tok):
+    """The LoRA reference (adapter off) started from the actor's cache: the same log-probs as its
+    full forward, and not the actor's (the adapters matter)."""
+    models = lora_models(tok, "gemma3", 1)
+    actor = models.actor
+    ids, attention = probe(tok)
+    prefix = prefix_hidden(actor.lm, ids, attention, 2)
+    full = models.reference_logprobs(ids, attention)
+    cached = models.reference_logprobs(ids, attention, prefix=prefix, prefix_depth=2)
+    assert torch.allclose(full, cached, atol=1e-5)
+    assert not torch.allclose(full, actor(ids, attention)[0].detach(), atol=1e-3)
+
+
+def spying(reference, cache: bool, log: list):
+    """``reference`` that logs (cache on, given the depth-1 prefix) per call."""
+    def spy(*args, prefix=None, prefix_depth=0, **kwargs):
+        log.append((cache, prefix is not None and prefix_depth == 1))
+        return reference(*args, prefix=prefix, prefix_depth=prefix_depth, **kwargs)
+    return spy
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5])
+def test_ppo_with_the_cache_trains_the_same_weights(tok, tmp_path, retriever, examples, kl_coef):
+    """Two updates, two PPO epochs: the same trained LoRA weights with and without the cache; with
+    a KL term in the loss the reference starts from the cache too."""
     cfg = tiny_cfg(tmp_path / "plain", lora=LoraSettings(r=4, alpha=8, top_layers=1), updates=2, ppo_epochs=2,
-                   advantage="grpo", seed=3)
-    weights = {}
+                   advantage="grpo", seed=3, kl_coef=kl_coef, kl_mode="loss", kl_estimator="k3")
+    weights, cached_references = {}, []
     for cache in (False, True):
         run_cfg = dataclasses.replace(cfg, cache_frozen_layers=cache, output_dir=str(tmp_path / str(cache)))
         models = wrap_models(tiny_llama(tok), tok, run_cfg)
+        models = dataclasses.replace(models, reference_logprobs=spying(models.reference_logprobs, cache,
+                                                                       cached_references))
         train(run_cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
         weights[cache] = trainable(models.actor)
     assert weights[False].keys() == weights[True].keys()
+    if kl_coef:  # every reference call started from the cache exactly when it was on
+        assert set(cached_references) == {(False, False), (True, True)}
     moved = [k for k in weights[True] if "lora_B" in k and float(weights[True][k].abs().sum()) > 0]
     assert moved, "the update did not move the adapters"
     assert all(torch.allclose(weights[False][k], weights[True][k], atol=1e-5) for k in weights[True])

@@ -54,9 +54,9 @@ def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, ret
     models = wrap_models(copy.deepcopy(script_lm), tokenizer, cfg)
     scored = []
 
-    def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
+    def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None, **prefix):
         scored.append(choice_mask.sum(dim=1))
-        return reference(input_ids, attention_mask, target_mask, choice_mask, choice_ids)
+        return reference(input_ids, attention_mask, target_mask, choice_mask, choice_ids, **prefix)
 
     reference, models = models.reference_logprobs, dataclasses.replace(models, reference_logprobs=reference_logprobs)
     result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)

@@ -151,7 +151,7 @@ def sequence_values(critic: nn.Module, input_ids: torch.Tensor, attention_mask: 
 class Models:
     actor: PolicyModel
     critic: ValueHead | None  # None: a critic-free estimator (grpo, reinforce)
-    reference_logprobs: Callable[..., torch.Tensor]  # (input_ids, attention_mask, target_mask) -> (B, T−1)
+    reference_logprobs: Callable[..., torch.Tensor]  # (input_ids, attention_mask, target_mask, ...) -> (B, T−1)
     tokenizer: Any
 
 
@@ -186,15 +186,20 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
     if cfg.lora.enabled:
         actor = PolicyModel(get_peft_model(lm, lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk)
 
-        def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
+        def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
+                               prefix=None, prefix_depth=0):  # the frozen bottom has no adapter: its cache serves both
             with torch.no_grad(), actor.lm.disable_adapter():
                 return sequence_logprobs(actor.lm, input_ids, attention_mask, actor.chunk, target_mask,
-                                         choice_mask=choice_mask, choice_ids=choice_ids)[0]
+                                         choice_mask=choice_mask, choice_ids=choice_ids, prefix=prefix,
+                                         prefix_depth=prefix_depth)[0]
     else:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False)
         actor = PolicyModel(lm, cfg.logprob_chunk)
 
-        def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None):
+        def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
+                               prefix=None, prefix_depth=0):
+            if prefix is not None:  # a full fine-tune trains the embeddings: frozen_depth is 0, no cache
+                raise ValueError("a frozen reference copy takes no frozen-layer cache")
             with torch.no_grad():
                 return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask,
                                          choice_mask=choice_mask, choice_ids=choice_ids)[0]

@@ -14,7 +14,7 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
 2. pad the episodes into (B, T) tensors; every per-token tensor is (B, T−1) and position ``t``
    is about token ``t+1`` (``model_mask[:, t] = loss_mask[t+1]``);
 3. with no gradients: old log-probs (trainer's own forward, or the sampler's with ``old_logprobs: sampler``), reference
-   log-probs (adapter off / frozen copy), values;
+   log-probs (adapter off / frozen copy; with LoRA from the frozen-layer cache too), values;
 4. token rewards: the episode reward on its last model token, −β·KL on model tokens when
    ``kl_mode == "reward"``; advantages and returns from the chosen estimator
    (:mod:`training.advantages`: gae, grpo, rloo, reinforce, reinforce_pp); with ``tis``, the sampler's
@@ -197,7 +197,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
                                               **choices, **prefix_of(run, mb))[0])
             if with_reference and (cfg.kl_tokens == "all" or bool(mb["choice_mask"].any())):
                 put(ref_logp, rows, run.models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
-                                                                  mb["model_mask"], **choices))
+                                                                  mb["model_mask"], **choices, **prefix_of(run, mb)))
             if run.critic is not None:
                 put(values, rows, sequence_values(run.critic, mb["input_ids"], mb["attention_mask"]))
     set_train_mode(True, run.actor, run.critic)
