@@ -91,16 +91,21 @@ def result_line(comparison: dict[str, dict[str, float]]) -> str:
             f"reward_diff_hi={r['hi']:.4f} precision_before={p['before']:.4f} precision_after={p['after']:.4f}")
 
 
+def gather_lists(accelerator, items: list) -> list:
+    """Every process's ``items``, concatenated in process order; ``items`` itself on one process."""
+    if accelerator is None or accelerator.num_processes <= 1:
+        return items
+    from accelerate.utils import gather_object
+
+    return gather_object(items)
+
+
 def gather_outcomes(accelerator, outcomes: dict[str, np.ndarray], indices: Sequence[int],
                     total: int) -> dict[str, np.ndarray]:
     """All processes' per-question outcomes in question order: each process evaluated the
     questions ``indices`` of ``total``; returns arrays (total,)."""
     rows = [(int(i), {k: float(outcomes[k][j]) for k in OUTCOME_KEYS}) for j, i in enumerate(indices)]
-    if accelerator is not None and accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        rows = gather_object(rows)
-    merged = dict(rows)
+    merged = dict(gather_lists(accelerator, rows))
     if sorted(merged) != list(range(total)):
         raise RuntimeError(f"evaluation outcomes cover {len(merged)} of {total} questions")
     return {k: np.array([merged[i][k] for i in range(total)], dtype=np.float64) for k in OUTCOME_KEYS}

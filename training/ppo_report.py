@@ -10,7 +10,14 @@ from envs.protocol import judge_token_ids
 from envs.vector_env import SearchVectorEnv
 from training.config import PPOConfig
 from training.distributed import reduce_mean
-from training.policy_eval import compare_runs, gather_outcomes, question_outcomes, verdict_ranking, verdict_scores
+from training.policy_eval import (
+    compare_runs,
+    gather_lists,
+    gather_outcomes,
+    question_outcomes,
+    verdict_ranking,
+    verdict_scores,
+)
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 
 # Metrics averaged over processes (rollout_stats keys plus the trainer's).
@@ -42,11 +49,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     outcomes = gather_outcomes(accelerator, question_outcomes(episodes), indices, len(examples))
     stats = reduce_mean(accelerator, stats)
     judged_alone = tokenizer is not None and any(e.verdict_rows for e in episodes)
-    pairs = verdict_scores(episodes, judge_token_ids(tokenizer)[0]) if judged_alone else []
-    if accelerator.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        pairs = gather_object(pairs)
+    pairs = gather_lists(accelerator, verdict_scores(episodes, judge_token_ids(tokenizer)[0]) if judged_alone else [])
     if pairs:  # the judgement form judged alone: how the verdicts rank, whatever greedy opens
         stats.update(verdict_ranking(pairs))
     return stats, outcomes
