@@ -48,6 +48,9 @@ def test_ppo_learns_which_box_to_open(setup):
     assert precision["after"] >= precision["before"] + 0.5  # far above where PPO started (opens none)
     assert precision["after"] >= 0.6  # and far above chance (one box of five: 0.2)
     assert reward["after"] >= 0.5 and reward["lo"] > 0  # the gain's paired bootstrap interval excludes 0
+    # the reward's parts, compared like it: here the answer weighs 0, so selection + format is all of it
+    parts = result["comparison"]["selection"]["diff"] + result["comparison"]["format"]["diff"]
+    assert parts == pytest.approx(reward["diff"]) and result["comparison"]["selection"]["diff"] > 0.5
 
 
 def test_ppo_learns_which_box_to_open_judging_each_alone(setup):

@@ -96,3 +96,26 @@ def test_a_run_without_a_usable_eval_json_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "broken" / "eval.json").write_text("{\"per_question\": {\"before\": {}}}")
     assert main([str(tmp_path / "broken")]) == 2
     assert "not an eval.json with per-question outcomes" in capsys.readouterr().err
+
+
+def with_parts(run: dict[str, np.ndarray], selection, format_) -> dict[str, np.ndarray]:
+    return {**run, "selection_reward": np.asarray(selection, dtype=np.float64),
+            "format_reward": np.asarray(format_, dtype=np.float64)}
+
+
+def test_the_reward_parts_are_compared_where_every_run_recorded_them(tmp_path, capsys):
+    n = 20
+    before = outcomes(np.zeros(n), np.zeros(n), np.ones(n))
+    after = outcomes(np.full(n, 0.3), np.ones(n), np.ones(n))
+    new = [write_eval(tmp_path / f"new{seed}", with_parts(before, np.zeros(n), np.zeros(n)),
+                      with_parts(after, np.full(n, 0.4), np.full(n, -0.1))) for seed in range(2)]
+    assert main([str(f) for f in new] + ["--out", str(tmp_path / "new.json")]) == 0
+    pooled = json.loads((tmp_path / "new.json").read_text())["pooled"]
+    assert pooled["selection"]["diff"] == pytest.approx(0.4) and pooled["format"]["diff"] == pytest.approx(-0.1)
+    assert pooled["selection"]["runs_above_zero"] == 2 and pooled["format"]["runs_above_zero"] == 0
+    old = write_eval(tmp_path / "old", before, after)  # an eval.json from before the parts were recorded
+    assert main([str(f) for f in [*new, old]] + ["--out", str(tmp_path / "mixed.json")]) == 0
+    mixed = json.loads((tmp_path / "mixed.json").read_text())
+    assert set(mixed["pooled"]) == {"reward", "em", "precision"}
+    assert "selection" in mixed["per_run"][0] and "selection" not in mixed["per_run"][2]
+    assert "selection" in capsys.readouterr().out

@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # `python training/curves.py RUN_DIR`
 
 from envs.atomic import atomic_write
 from envs.bootstrap import bootstrap_interval as shared_bootstrap_interval
-from training.policy_eval import OUTCOME_KEYS, STATISTICS
+from training.policy_eval import CORE_OUTCOME_KEYS, STATISTICS
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
@@ -133,18 +133,19 @@ def evaluation_value(evaluation: dict, side: str, metric: str) -> float:
 
 
 def question_outcomes(evaluation: dict, side: str) -> dict[str, np.ndarray] | None:
-    """One side's per-question outcome arrays, or None unless every outcome is a list of finite
-    numbers, all of the same non-zero length."""
+    """One side's per-question outcome arrays (the core ones, which every ``eval.json`` has), or None
+    unless every outcome is a list of finite numbers, all of the same non-zero length."""
     blocks = evaluation.get("per_question")
     block = blocks.get(side) if isinstance(blocks, dict) else None
     if not isinstance(block, dict):
         return None
-    columns = [block.get(key) for key in OUTCOME_KEYS]
+    columns = [block.get(key) for key in CORE_OUTCOME_KEYS]
     if not all(isinstance(column, list) and column for column in columns):
         return None
     if len({len(column) for column in columns}) != 1:
         return None
-    arrays = {key: np.array([finite_or_nan(value) for value in column]) for key, column in zip(OUTCOME_KEYS, columns)}
+    arrays = {key: np.array([finite_or_nan(value) for value in column])
+              for key, column in zip(CORE_OUTCOME_KEYS, columns)}
     return None if any(np.isnan(array).any() for array in arrays.values()) else arrays
 
 

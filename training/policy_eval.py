@@ -6,10 +6,14 @@ difference after − before is reported with a paired bootstrap 95% interval: qu
 resampled with replacement (the same resample for both runs) and the statistic recomputed
 (the bootstrap itself is :mod:`envs.bootstrap`, shared with ``inference.evaluate --compare``).
 
-Per-question outcomes (:func:`question_outcomes`) are the episode's reward, EM, positives opened
-and documents read; the statistics are the mean reward, the mean EM and the POOLED selection
-precision (positives opened / documents opened over the resampled questions, as
-:func:`training.rollout.rollout_stats` pools it).
+Per-question outcomes (:func:`question_outcomes`) are the episode's reward, EM, positives opened,
+documents read and two of the reward's parts (:meth:`envs.episode.Episode.reward_breakdown`: the
+selection term and the format penalties; the answer term is the rest); the statistics are the mean
+reward, the mean EM, the POOLED selection precision (positives opened / documents opened over the
+resampled questions, as :func:`training.rollout.rollout_stats` pools it) and the means of the two
+parts, so a change of the reward can be read apart from the answers that flipped. An ``eval.json``
+written before the parts were recorded has the first four outcomes only: its comparisons have the
+first three statistics (:func:`statistics_of`).
 """
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ import numpy as np
 from envs.bootstrap import PairedDifference, Statistic, mean_of, pooled_ratio
 from envs.bootstrap import paired_bootstrap as shared_paired_bootstrap
 
-OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")
+CORE_OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")  # in every eval.json
+REWARD_PART_KEYS = ("selection_reward", "format_reward")  # recorded since 2026-12-03
+OUTCOME_KEYS = CORE_OUTCOME_KEYS + REWARD_PART_KEYS
 
 
 def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
@@ -31,7 +37,16 @@ def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
         "em": np.array([e.info.get("metrics", {}).get("em", 0.0) for e in episodes], dtype=np.float64),
         "positives_opened": np.array([e.info.get("positives_opened", 0) for e in episodes], dtype=np.float64),
         "docs_read": np.array([e.info.get("docs_read", 0) for e in episodes], dtype=np.float64),
+        "selection_reward": np.array([reward_part(e, "selection") for e in episodes], dtype=np.float64),
+        "format_reward": np.array([reward_part(e, "format") for e in episodes], dtype=np.float64),
     }
+
+
+def reward_part(episode, part: str) -> float:
+    """One part of the episode's reward as the env broke it down (``info["reward"]``); 0 for an
+    episode the rollout ended before the env scored it."""
+    breakdown = episode.info.get("reward")
+    return float(breakdown.get(part, 0.0)) if isinstance(breakdown, dict) else 0.0
 
 
 def roc_auc(labels: Sequence[bool], scores: Sequence[float]) -> float:
@@ -69,7 +84,15 @@ def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
 
 
 STATISTICS: dict[str, Statistic] = {
-    "reward": mean_of("reward"), "em": mean_of("em"), "precision": pooled_ratio("positives_opened", "docs_read")}
+    "reward": mean_of("reward"), "em": mean_of("em"), "precision": pooled_ratio("positives_opened", "docs_read"),
+    "selection": mean_of("selection_reward"), "format": mean_of("format_reward")}
+STATISTIC_KEYS = {"reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),
+                  "selection": ("selection_reward",), "format": ("format_reward",)}
+
+
+def statistics_of(*outcomes: dict[str, np.ndarray]) -> list[str]:
+    """The names of :data:`STATISTICS` that every one of these outcome sets has the outcomes for."""
+    return [name for name, keys in STATISTIC_KEYS.items() if all(key in o for o in outcomes for key in keys)]
 
 
 def paired_bootstrap(before: dict[str, np.ndarray], after: dict[str, np.ndarray], statistic: str,
@@ -80,8 +103,9 @@ def paired_bootstrap(before: dict[str, np.ndarray], after: dict[str, np.ndarray]
 
 def compare_runs(before: dict[str, np.ndarray], after: dict[str, np.ndarray], resamples: int = 2000,
                  seed: int = 0) -> dict[str, dict[str, float]]:
-    """:func:`paired_bootstrap` of every statistic in :data:`STATISTICS`."""
-    return {name: paired_bootstrap(before, after, name, resamples, seed).as_dict() for name in STATISTICS}
+    """:func:`paired_bootstrap` of every statistic in :data:`STATISTICS` both sides have outcomes for."""
+    return {name: paired_bootstrap(before, after, name, resamples, seed).as_dict()
+            for name in statistics_of(before, after)}
 
 
 def result_line(comparison: dict[str, dict[str, float]]) -> str:

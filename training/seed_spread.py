@@ -26,7 +26,7 @@ import numpy as np
 
 from envs.atomic import write_json_atomic
 from envs.bootstrap import multi_run_paired_bootstrap
-from training.policy_eval import OUTCOME_KEYS, STATISTICS, compare_runs
+from training.policy_eval import CORE_OUTCOME_KEYS, REWARD_PART_KEYS, STATISTICS, compare_runs, statistics_of
 
 
 class RunFolderError(ValueError):
@@ -34,14 +34,16 @@ class RunFolderError(ValueError):
 
 
 def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
-    """A run's per-question outcomes {"before": {key: (n,)}, "after": {key: (n,)}} from its ``eval.json``."""
+    """A run's per-question outcomes {"before": {key: (n,)}, "after": {key: (n,)}} from its ``eval.json``:
+    :data:`~training.policy_eval.CORE_OUTCOME_KEYS`, and the reward's parts where both sides have them."""
     path = Path(folder) / "eval.json"
     if not path.is_file():
         raise RunFolderError(f"{path}: no eval.json (the run has not finished its evaluation after PPO, or "
                              f"ran with eval_questions: 0)")
     try:
         per_question = json.loads(path.read_text())["per_question"]
-        return {side: {k: np.asarray(per_question[side][k], dtype=np.float64) for k in OUTCOME_KEYS}
+        parts = [k for k in REWARD_PART_KEYS if all(k in per_question[side] for side in ("before", "after"))]
+        return {side: {k: np.asarray(per_question[side][k], dtype=np.float64) for k in (*CORE_OUTCOME_KEYS, *parts)}
                 for side in ("before", "after")}
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise RunFolderError(f"{path}: not an eval.json with per-question outcomes ({error!r})") from error
@@ -50,13 +52,16 @@ def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
 def spread(runs: list[dict[str, dict[str, np.ndarray]]], resamples: int = 2000, seed: int = 0) -> dict:
     """Per-run comparisons and, per statistic, the change in the mean over runs with its two-level
     bootstrap interval (its diff is the mean of the runs' differences), their standard deviation and
-    the runs whose interval is above 0."""
+    the runs whose interval is above 0. Pooled: the statistics every run has the outcomes for (a run
+    recorded before the reward's parts were has no ``selection`` or ``format``)."""
     per_run = [compare_runs(run["before"], run["after"], resamples, seed) for run in runs]
+    sides = [run[side] for run in runs for side in ("before", "after")]
+    common = [key for key in sides[0] if all(key in outcomes for outcomes in sides)]
+    befores, afters = ([{key: run[side][key] for key in common} for run in runs] for side in ("before", "after"))
     pooled = {}
-    for name, statistic in STATISTICS.items():
+    for name in statistics_of(*sides):
         diffs = [comparison[name]["diff"] for comparison in per_run]
-        change = multi_run_paired_bootstrap([r["before"] for r in runs], [r["after"] for r in runs], statistic,
-                                            resamples, seed)
+        change = multi_run_paired_bootstrap(befores, afters, STATISTICS[name], resamples, seed)
         pooled[name] = {**change.as_dict(),
                         "diff_sd": statistics.stdev(diffs) if len(diffs) > 1 else 0.0,
                         "runs_above_zero": sum(comparison[name]["lo"] > 0 for comparison in per_run)}

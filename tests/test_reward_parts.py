@@ -1,0 +1,57 @@
+"""The trainer's evaluation records two of the reward's parts per question (the selection term and
+the format penalties, as the env broke the reward down) and compares them before and after PPO."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from envs.config import EnvConfig
+from envs.rewards import RewardConfig
+from envs.search_env import SearchEnv
+from training.policy_eval import CORE_OUTCOME_KEYS, compare_runs, question_outcomes, statistics_of
+
+
+def episode(reward: float, em: float, selection: float | None, format_: float = 0.0) -> SimpleNamespace:
+    info = {"metrics": {"em": em}, "positives_opened": 1, "docs_read": 2}
+    if selection is not None:
+        info["reward"] = {"answer": em, "selection": selection, "format": format_, "total": reward}
+    return SimpleNamespace(reward=reward, info=info)
+
+
+def test_each_question_records_the_selection_and_format_parts():
+    outcomes = question_outcomes([episode(1.15, 1.0, 0.25, -0.1), episode(-0.05, 0.0, -0.05),
+                                  episode(-0.3, 0.0, None)])  # ended by the rollout before the env scored it
+    assert outcomes["selection_reward"].tolist() == [0.25, -0.05, 0.0]
+    assert outcomes["format_reward"].tolist() == [-0.1, 0.0, 0.0]
+
+
+def test_comparisons_have_the_parts_only_where_both_sides_recorded_them():
+    before = question_outcomes([episode(0.0, 0.0, 0.0), episode(-0.1, 0.0, -0.1)])
+    after = question_outcomes([episode(0.25, 0.0, 0.25), episode(1.0, 1.0, 0.0)])
+    rows = compare_runs(before, after, resamples=200)
+    assert set(rows) == {"reward", "em", "precision", "selection", "format"}
+    assert rows["selection"]["diff"] == pytest.approx(0.175) and rows["format"]["diff"] == 0.0
+    assert rows["reward"]["diff"] == pytest.approx(rows["em"]["diff"] + rows["selection"]["diff"])
+    old = {k: before[k] for k in CORE_OUTCOME_KEYS}  # an eval.json written before the parts were
+    assert set(compare_runs(old, after, resamples=200)) == {"reward", "em", "precision"}
+    assert statistics_of(old, after) == ["reward", "em", "precision"]
+
+
+def test_the_env_reward_is_the_sum_of_its_parts(retriever, examples):
+    config = EnvConfig(max_actions=5, max_searches=1, reward=RewardConfig(positive_opened_bonus=0.25))
+    env = SearchEnv(retriever, examples, config)
+    env.reset(seed=0, options={"example": examples[0]})
+    total = 0.0
+    for action in ("<search>capital of France Paris river</search>", "<bogus>", "<expand>1, 2</expand>",
+                   "<answer>Paris</answer>"):
+        _, reward, terminated, _, info = env.step(action)
+        total += reward
+    assert terminated
+    summary = info["episode"]  # what the rollout keeps as the episode's info
+    parts = summary["reward"]
+    assert parts["format"] < 0 and parts["answer"] == 1.0
+    assert total == pytest.approx(parts["answer"] + parts["selection"] + parts["format"])
+    outcomes = question_outcomes([SimpleNamespace(reward=total, info=summary)])
+    assert np.allclose(outcomes["reward"], outcomes["em"] + outcomes["selection_reward"] + outcomes["format_reward"])
