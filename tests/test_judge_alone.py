@@ -13,7 +13,7 @@ import torch
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
 
 from envs.config import EnvConfig
-from envs.protocol import JUDGE_ALONE, judge_alone_prompts, judge_token_ids, snapshot_candidates
+from envs.protocol import JUDGE_ALONE, JUDGE_WORDS, judge_alone_prompts, judge_token_ids, snapshot_candidates
 from envs.rewards import verdict_reward_gap
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
@@ -22,6 +22,7 @@ from training.policy_eval import roc_auc, verdict_ranking, verdict_scores
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
 from training.rollout import RolloutConfig, collect_rollouts
 from training.rollout_judge import VerdictRow
+from training.sft_config import WarmStartConfig
 from training.trajectories import alone_verdict_rows, sft_rows, tokenize_trajectory, trajectory_from_episode
 
 SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
@@ -141,6 +142,16 @@ def test_sft_verdict_rows_judged_alone_are_the_rollouts_verdict_rows(script_lm, 
         assert trained[1:] == rows and len(shown) == 1 and trained[0] == shown[0]
         assert sft_rows([record], tokenizer, expand_form="judge", judge_context="stream",
                         train_verdicts=True)[1:] == []  # the stream form trains its verdicts in the episode row
+        # verdict_labels "both": each context twice, once with each verdict word, whatever the teacher chose
+        both = sft_rows([record], tokenizer, expand_form="judge", judge_context="alone", verdict_labels="both")[1:]
+        words = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in JUDGE_WORDS]
+        assert len(both) == 2 * len(rows)
+        for k, row in enumerate(rows):
+            context = row["input_ids"][:-1]
+            assert [r["input_ids"] for r in both[2 * k:2 * k + 2]] == [context + w for w in words]
+            assert all(r["labels"] == [-100] * len(context) + w for r, w in zip(both[2 * k:2 * k + 2], words))
+    with pytest.raises(ValueError, match="labels must be one of"):
+        alone_verdict_rows(record, tokenizer, "coin")
 
 
 def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm, tokenizer, retriever,  # noqa: F811
@@ -209,3 +220,10 @@ def test_greedy_verdicts_keep_their_pi_yes(script_lm, tokenizer, retriever, exam
     for row, (positive, p_yes) in zip(rows, pairs):
         assert 0.0 <= p_yes <= 1.0 and positive == row.positive
         assert p_yes >= 0.5 - 1e-6 if row.token_ids[-1] == yes else p_yes <= 0.5 + 1e-6
+
+
+def test_the_warm_start_checks_its_verdict_labels():
+    assert WarmStartConfig().verdict_labels == "teacher"
+    assert WarmStartConfig.from_dict({"verdict_labels": "both"}).verdict_labels == "both"
+    with pytest.raises(ValueError, match="verdict_labels must be one of"):
+        WarmStartConfig(verdict_labels="coin")

@@ -11,6 +11,7 @@ from envs import typed_config
 from envs.config import EnvConfig
 from training.config import LoraSettings, check_env_overrides
 from training.scripted_teacher import ScriptedTeacherConfig
+from training.trajectories import VERDICT_LABELS
 
 PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
 
@@ -45,6 +46,10 @@ class WarmStartConfig:
     # (env judge_context: alone), true adds one short row per verdict (its alone context + the teacher's
     # verdict token): the random choices then set the warm start's yes rate, not which candidates it opens
     train_verdicts: bool = True
+    # judged alone with train_verdicts: "teacher" = each row's label is the teacher's verdict; "both" = each
+    # context twice, once with each verdict, so the loss is least at pi(yes) = 0.5 for every candidate: the
+    # verdict's form with no preference and no yes bias left by where the teacher's coins fell
+    verdict_labels: str = "teacher"
     teacher_second_search: bool = True  # scripted: search a shown title when nothing read touches the question
     teacher_think: bool = True  # scripted: a short <think> before every action
     teacher_reader: str = "first_title"  # scripted: reader rule over the opened passages (READER_RULES)
@@ -98,6 +103,8 @@ class WarmStartConfig:
             raise ValueError("target_accepted must be at least 1 (or null)")
         if self.data is None and (self.num_questions is None or self.num_questions < 1):
             raise ValueError("num_questions must be at least 1 with the generated default questions (data: null)")
+        if self.verdict_labels not in VERDICT_LABELS:
+            raise ValueError(f"verdict_labels must be one of {VERDICT_LABELS}, not {self.verdict_labels!r}")
         if not 0.0 <= self.dev_fraction < 1.0:
             raise ValueError("dev_fraction must lie in [0, 1)")
 

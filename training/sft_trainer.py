@@ -121,7 +121,8 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
     ensure_pad_token(tokenizer)
     rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length,
                     expand_form=(config.env or {}).get("expand_form", "list"), train_verdicts=config.train_verdicts,
-                    judge_context=(config.env or {}).get("judge_context", "stream"))
+                    judge_context=(config.env or {}).get("judge_context", "stream"),
+                    verdict_labels=config.verdict_labels)
     if not rows:
         raise ValueError("no accepted training trajectories")
     callbacks = []

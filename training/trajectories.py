@@ -45,6 +45,7 @@ from methods.runner import run_questions_sync
 from methods.seeds import SeedsR1
 from methods.thinking import split_thinking
 
+VERDICT_LABELS = ("teacher", "both")  # WarmStartConfig.verdict_labels (alone_verdict_rows)
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
 _JUDGED_EXPAND = re.compile(r"(.*?</snapshot>)\n(<expand>[^\n]*?</expand>)(?:\n(.*))?", re.DOTALL)
@@ -349,9 +350,11 @@ def _judged_expand_as_action(segment: dict) -> list[dict]:
 
 
 def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
-             expand_form: str = "list", train_verdicts: bool = True, judge_context: str = "stream") -> list[dict]:
+             expand_form: str = "list", train_verdicts: bool = True, judge_context: str = "stream",
+             verdict_labels: str = "teacher") -> list[dict]:
     """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped.
-    Judged alone with ``train_verdicts``, each record's verdict rows (:func:`alone_verdict_rows`) follow it."""
+    Judged alone with ``train_verdicts``, each record's verdict rows (:func:`alone_verdict_rows`,
+    labelled as ``verdict_labels`` says) follow it."""
     rows = []
     for record in records:
         layout = tokenize_trajectory(record, tokenizer, expand_form, train_verdicts, judge_context)
@@ -362,15 +365,18 @@ def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = N
         labels = [t if m else -100 for t, m in zip(layout["input_ids"], layout["loss_mask"])]
         rows.append({"input_ids": layout["input_ids"], "labels": labels})
         if expand_form == "judge" and judge_context == "alone" and train_verdicts:
-            rows += alone_verdict_rows(record, tokenizer)
+            rows += alone_verdict_rows(record, tokenizer, verdict_labels)
     return rows
 
 
-def alone_verdict_rows(record: dict, tokenizer: Any) -> list[dict]:
+def alone_verdict_rows(record: dict, tokenizer: Any, labels: str = "teacher") -> list[dict]:
     """One row per verdict of a record judged alone: the candidate's own context
     (:func:`envs.protocol.judge_alone_prompts`, tokenized as :func:`training.rollout_judge.judge_alone`
-    does) and then the teacher's verdict token, the only label. Snapshots without a complete
-    judgement expand after them give none."""
+    does) and then the teacher's verdict token, the only label; with ``labels="both"`` two rows per
+    candidate instead, its context with each verdict word of :data:`envs.protocol.JUDGE_WORDS`
+    (whatever the teacher chose). Snapshots without a complete judgement expand after them give none."""
+    if labels not in VERDICT_LABELS:
+        raise ValueError(f"labels must be one of {VERDICT_LABELS}, not {labels!r}")
     rows = []
     segments = record["segments"]
     for k, segment in enumerate(segments[:-1]):
@@ -378,8 +384,10 @@ def alone_verdict_rows(record: dict, tokenizer: Any) -> list[dict]:
         for context, verdict in zip(judge_alone_prompts(record["question"], segment["text"]) if verdicts else (),
                                     verdicts or ()):
             context_ids = list(tokenizer(context, add_special_tokens=True)["input_ids"])
-            verdict_ids = list(tokenizer(verdict, add_special_tokens=False)["input_ids"])
-            rows.append({"input_ids": context_ids + verdict_ids, "labels": [-100] * len(context_ids) + verdict_ids})
+            for word in (verdict,) if labels == "teacher" else JUDGE_WORDS:
+                verdict_ids = list(tokenizer(word, add_special_tokens=False)["input_ids"])
+                rows.append({"input_ids": context_ids + verdict_ids,
+                             "labels": [-100] * len(context_ids) + verdict_ids})
     return rows
 
 
