@@ -83,11 +83,13 @@ def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
             "yes_prob_negative": float(np.mean(negatives)) if negatives else float("nan")}
 
 
-STATISTICS: dict[str, Statistic] = {
-    "reward": mean_of("reward"), "em": mean_of("em"), "precision": pooled_ratio("positives_opened", "docs_read"),
-    "selection": mean_of("selection_reward"), "format": mean_of("format_reward")}
-STATISTIC_KEYS = {"reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),
-                  "selection": ("selection_reward",), "format": ("format_reward",)}
+# each statistic and the per-question outcomes it reads: one key, its mean over questions; two keys
+# (numerator, denominator), their pooled ratio (precision: positives opened / documents read)
+STATISTIC_KEYS: dict[str, tuple[str, ...]] = {
+    "reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),
+    "selection": ("selection_reward",), "format": ("format_reward",)}
+STATISTICS: dict[str, Statistic] = {name: mean_of(*keys) if len(keys) == 1 else pooled_ratio(*keys)
+                                    for name, keys in STATISTIC_KEYS.items()}
 
 
 def statistics_of(*outcomes: dict[str, np.ndarray]) -> list[str]:
