@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from envs.bootstrap import mean_of, multi_run_paired_bootstrap, paired_bootstrap, pooled_ratio, runs_and_questions_rows
-from training.seed_spread import main
+from training.seed_spread import main, verdict_auc_spread
 
 
 def outcomes(reward, positives, docs) -> dict[str, np.ndarray]:
@@ -119,3 +119,33 @@ def test_the_reward_parts_are_compared_where_every_run_recorded_them(tmp_path, c
     assert set(mixed["pooled"]) == {"reward", "em", "precision"}
     assert "selection" in mixed["per_run"][0] and "selection" not in mixed["per_run"][2]
     assert "selection" in capsys.readouterr().out
+
+
+def with_verdict_auc(folder, before: float, after: float):
+    evaluation = json.loads((folder / "eval.json").read_text())
+    evaluation.update(before={"verdict_auc": before}, after={"verdict_auc": after})
+    (folder / "eval.json").write_text(json.dumps(evaluation))
+    return folder
+
+
+def test_the_verdict_auc_is_pooled_over_runs_where_every_run_has_it(tmp_path, capsys):
+    n = 10
+    before, after = outcomes(np.zeros(n), np.zeros(n), np.ones(n)), outcomes(np.zeros(n), np.ones(n), np.ones(n))
+    aucs = [(0.5, 0.7), (0.45, 0.4), (0.5, 0.6)]
+    folders = [with_verdict_auc(write_eval(tmp_path / f"run{i}", before, after), *pair) for i, pair in enumerate(aucs)]
+    assert main([str(f) for f in folders] + ["--out", str(tmp_path / "spread.json")]) == 0
+    auc = json.loads((tmp_path / "spread.json").read_text())["verdict_auc"]
+    assert auc["diff"] == pytest.approx((0.2 - 0.05 + 0.1) / 3) and auc["runs_up"] == 2 and auc["runs"] == 3
+    assert auc["lo"] < auc["diff"] < auc["hi"] and auc["lo"] >= -0.05 - 1e-9 and auc["hi"] <= 0.2 + 1e-9
+    assert auc["per_run"] == [list(pair) for pair in aucs]
+    assert "verdict AUC" in capsys.readouterr().out
+    no_auc = write_eval(tmp_path / "stream", before, after)  # judged in the stream: no AUC recorded
+    nan_auc = with_verdict_auc(write_eval(tmp_path / "one_class", before, after), float("nan"), 0.6)
+    for extra in (no_auc, nan_auc):
+        assert main([str(folders[0]), str(extra), "--out", str(tmp_path / "mixed.json")]) == 0
+        assert "verdict_auc" not in json.loads((tmp_path / "mixed.json").read_text())
+
+
+def test_equal_auc_gains_give_a_point_interval():
+    result = verdict_auc_spread([(0.5, 0.6), (0.4, 0.5), (0.55, 0.65)])
+    assert result["lo"] == pytest.approx(0.1) and result["hi"] == pytest.approx(0.1) and result["runs_up"] == 3

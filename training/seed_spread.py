@@ -13,6 +13,12 @@ run's own statistic, so a run whose greedy policy opened nothing counts with its
 resampled with replacement, then questions, the same draw before and after), which carries the spread
 between seeds as well as between questions. The last line is machine-readable:
 ``runs=R reward_diff=… reward_diff_lo=… reward_diff_hi=… precision_diff=… precision_diff_lo=… precision_diff_hi=…``.
+
+Where every run judged its candidates alone (``eval.json``'s ``before``/``after`` summaries hold
+``verdict_auc``), the report adds how the verdicts RANK candidates, apart from where greedy decoding
+cuts: each run's AUC of π(yes) before -> after, and over the runs the mean change, the runs that
+rose, and a 95% interval resampling runs only (eval.json keeps each run's AUC, not its verdicts, so
+the spread between questions inside a run is not in that interval).
 """
 from __future__ import annotations
 
@@ -47,6 +53,31 @@ def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
                 for side in ("before", "after")}
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise RunFolderError(f"{path}: not an eval.json with per-question outcomes ({error!r})") from error
+
+
+def read_verdict_auc(folder: Path) -> tuple[float, float] | None:
+    """The run's verdict AUC (before, after) from its ``eval.json`` summaries; None where either side
+    has none or it is undefined (no verdicts judged alone, or one class missing)."""
+    try:
+        evaluation = json.loads((Path(folder) / "eval.json").read_text())
+        pair = tuple(float(evaluation[side]["verdict_auc"]) for side in ("before", "after"))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return pair if all(np.isfinite(pair)) else None
+
+
+def verdict_auc_spread(pairs: list[tuple[float, float]], resamples: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> dict:
+    """Mean verdict AUC before and after over runs, the mean change with a percentile interval from
+    resampling runs with replacement, its sd and the runs that rose. pairs: R (before, after)."""
+    values = np.asarray(pairs, dtype=np.float64)  # (R, 2)
+    diffs = values[:, 1] - values[:, 0]  # (R,)
+    rows = np.random.default_rng(seed).integers(0, len(diffs), size=(resamples, len(diffs)))  # (B, R)
+    means = diffs[rows].mean(axis=1)  # (B,)
+    lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return {"runs": len(diffs), "before": float(values[:, 0].mean()), "after": float(values[:, 1].mean()),
+            "diff": float(diffs.mean()), "lo": float(lo), "hi": float(hi),
+            "diff_sd": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0, "runs_up": int((diffs > 0).sum())}
 
 
 def spread(runs: list[dict[str, dict[str, np.ndarray]]], resamples: int = 2000, seed: int = 0) -> dict:
@@ -87,6 +118,13 @@ def print_report(folders: list[Path], result: dict) -> None:
         print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
               f"[{row['lo']:+.3f}, {row['hi']:+.3f}]  sd {row['diff_sd']:.3f}  "
               f"above 0: {row['runs_above_zero']}/{result['runs']}")
+    auc = result.get("verdict_auc")
+    if auc:
+        runs = ", ".join(f"{b:.3f} -> {a:.3f}" for b, a in auc["per_run"])
+        print(f"verdict AUC of π(yes) (ranking, apart from the greedy cut) per run: {runs}")
+        print(f"  over {auc['runs']} runs {auc['before']:.3f} -> {auc['after']:.3f}  diff {auc['diff']:+.3f} "
+              f"[{auc['lo']:+.3f}, {auc['hi']:+.3f}] (runs resampled)  sd {auc['diff_sd']:.3f}  "
+              f"up: {auc['runs_up']}/{auc['runs']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = spread([read_run(folder) for folder in args.runs], args.resamples, args.seed)
+        aucs = [read_verdict_auc(folder) for folder in args.runs]
+        if all(pair is not None for pair in aucs):
+            result["verdict_auc"] = {**verdict_auc_spread(aucs, args.resamples, args.seed), "per_run": aucs}
     except (RunFolderError, ValueError) as error:
         print(f"seed_spread: {error}", file=sys.stderr)
         return 2
