@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.atomic import write_json_atomic
-from envs.bootstrap import multi_run_paired_bootstrap
+from envs.bootstrap import bootstrap_interval, mean_of, multi_run_paired_bootstrap
 from training.policy_eval import CORE_OUTCOME_KEYS, REWARD_PART_KEYS, STATISTICS, compare_runs, statistics_of
 
 
@@ -72,9 +72,7 @@ def verdict_auc_spread(pairs: list[tuple[float, float]], resamples: int = 2000, 
     resampling runs with replacement, its sd and the runs that rose. pairs: R (before, after)."""
     values = np.asarray(pairs, dtype=np.float64)  # (R, 2)
     diffs = values[:, 1] - values[:, 0]  # (R,)
-    rows = np.random.default_rng(seed).integers(0, len(diffs), size=(resamples, len(diffs)))  # (B, R)
-    means = diffs[rows].mean(axis=1)  # (B,)
-    lo, hi = np.quantile(means, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    lo, hi = bootstrap_interval({"auc_diff": diffs}, mean_of("auc_diff"), resamples, level, seed)  # runs as rows
     return {"runs": len(diffs), "before": float(values[:, 0].mean()), "after": float(values[:, 1].mean()),
             "diff": float(diffs.mean()), "lo": float(lo), "hi": float(hi),
             "diff_sd": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0, "runs_up": int((diffs > 0).sum())}
