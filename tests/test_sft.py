@@ -270,6 +270,43 @@ def test_model_token_loss_equals_causal_lm_loss(tokenizer):
     assert not torch.allclose(other, nll)  # the mask matters
 
 
+def test_turn_weights_give_each_turn_one_unit():
+    import torch
+
+    from training.sft_trainer import turn_weights
+
+    targets = torch.tensor([[0, 1, 1, 1, 1, 0, 0, 1, 0],  # a 4-token turn, an observation, a 1-token turn
+                            [1, 1, 0, 1, 1, 1, 0, 0, 0]]).bool()  # a turn at position 0, then a 3-token turn
+    weights = turn_weights(targets)
+    expected = torch.tensor([[0, .25, .25, .25, .25, 0, 0, 1, 0],
+                             [.5, .5, 0, 1 / 3, 1 / 3, 1 / 3, 0, 0, 0]])
+    assert torch.allclose(weights, expected)
+    assert float(weights.sum()) == 4.0  # four turns
+
+
+def test_turn_mean_loss_weighs_a_short_answer_like_a_long_query(tokenizer):
+    import torch
+
+    torch.manual_seed(0)
+    model = tiny_llama(tokenizer)
+    ids = torch.randint(3, 100, (1, 14))
+    attention = torch.ones_like(ids)
+    labels = torch.full_like(ids, -100)
+    labels[0, 2:10] = ids[0, 2:10]  # a long "query" turn (8 labels)
+    labels[0, 12:14] = ids[0, 12:14]  # a short "answer" turn (2 labels)
+    nll, turns = sft.model_token_nll(model, ids, attention, labels, loss_agg="turn_mean")
+    tokens_nll, count = sft.model_token_nll(model, ids, attention, labels)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+    token_nll = -logp.gather(1, ids[0, 1:, None])[:, 0]  # (T-1,) nll of token t+1
+    query, answer = token_nll[1:9].mean(), token_nll[11:13].mean()
+    assert float(turns) == 2.0 and int(count) == 10
+    assert torch.allclose(nll / turns, (query + answer) / 2, atol=1e-5)
+    assert torch.allclose(tokens_nll / count, token_nll[1:9].sum() / 10 + token_nll[11:13].sum() / 10, atol=1e-5)
+    with pytest.raises(ValueError, match="loss_agg"):
+        sft.WarmStartConfig(loss_agg="sequence_mean")
+
+
 def dataclass_replace(config, **changes):
     import dataclasses
 

@@ -14,6 +14,7 @@ from training.scripted_teacher import ScriptedTeacherConfig
 from training.trajectories import VERDICT_LABELS
 
 PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
+SFT_LOSS_AGGS = ("token_mean", "turn_mean")  # training.sft_trainer.model_token_nll
 
 
 @dataclass
@@ -74,6 +75,9 @@ class WarmStartConfig:
     # (verdicts judged alone) train beside whole episodes
     group_by_length: bool = False
     gradient_accumulation_steps: int = 1
+    # how labelled tokens are averaged: token_mean (every token the same; a trajectory's ~90-token copied query
+    # outweighs its ~10-token answer) or turn_mean (every model turn the same: its tokens share one unit)
+    loss_agg: str = "token_mean"
     warmup_ratio: float = 0.05  # fraction of the steps (TrainingArguments.warmup_steps as a float < 1)
     weight_decay: float = 0.0
     max_length: int = 4096  # longer trajectories are dropped (never cut: the answer is at the end)
@@ -105,6 +109,8 @@ class WarmStartConfig:
             raise ValueError("num_questions must be at least 1 with the generated default questions (data: null)")
         if self.verdict_labels not in VERDICT_LABELS:
             raise ValueError(f"verdict_labels must be one of {VERDICT_LABELS}, not {self.verdict_labels!r}")
+        if self.loss_agg not in SFT_LOSS_AGGS:
+            raise ValueError(f"loss_agg must be one of {SFT_LOSS_AGGS}, not {self.loss_agg!r}")
         if not 0.0 <= self.dev_fraction < 1.0:
             raise ValueError("dev_fraction must lie in [0, 1)")
 

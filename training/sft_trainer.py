@@ -191,44 +191,68 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
     )
     trainer = ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
                                        processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
+    trainer.loss_agg = config.loss_agg
     depth = frozen_depth(trainer.model) if config.cache_frozen_layers else 0
     if depth:
         trainer.prefix_cache = PrefixCache(depth)
     return trainer
 
 
+def turn_weights(targets: torch.Tensor) -> torch.Tensor:
+    """Weight 1/len(turn) on each labelled position, where a turn is a maximal run of consecutive
+    labelled positions of a row (a model turn: observations and prompts between turns are unlabelled).
+
+    targets: (B, T) bool -> (B, T) float32; each turn's weights sum to 1, unlabelled positions are 0.
+    """
+    starts = targets & ~torch.nn.functional.pad(targets, (1, 0))[:, :-1]  # (B, T) first position of a turn
+    turn = (starts.long().cumsum(-1) - 1).clamp(min=0)  # (B, T) turn index within its row
+    lengths = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)
+    lengths = lengths.scatter_add(1, turn, targets.float())  # (B, T) tokens of turn k at column k
+    return torch.where(targets, 1.0 / lengths.gather(1, turn).clamp(min=1.0), 0.0)
+
+
 def model_token_nll(model: Any, input_ids: Any, attention_mask: Any, labels: Any, chunk: int = 1024,
-                    prefix: Any = None, prefix_depth: int = 0) -> tuple[Any, Any]:
-    """Summed negative log-likelihood of the labelled tokens, and how many there are.
+                    prefix: Any = None, prefix_depth: int = 0, loss_agg: str = "token_mean") -> tuple[Any, Any]:
+    """Weighted negative log-likelihood of the labelled tokens, and the weights' sum.
 
     input_ids, attention_mask, labels: (B, T); labels are -100 where no loss is taken (prompt,
     observations, padding). Position t of the model predicts token t+1, as in a causal LM loss.
+    ``loss_agg``: ``token_mean`` weighs every labelled token 1 (the sum is the token count);
+    ``turn_mean`` weighs each token 1/len(its turn) (:func:`turn_weights`; the sum is the turn count).
     The lm_head runs only on the positions whose next token is labelled
     (:func:`training.models.sequence_logprobs`), so a 262k vocabulary never yields (B, T, V)
     logits. prefix (B, T, H), prefix_depth: start above the frozen layers (:mod:`training.frozen_prefix`).
-    Returns (nll_sum () float32, n_tokens () int64).
+    Returns (nll_sum () float32, weight_sum () float32).
     """
     targets = labels[:, 1:] != -100  # (B, T-1)
+    weights = turn_weights(targets) if loss_agg == "turn_mean" else targets.float()
     logp, _ = sequence_logprobs(model, input_ids, attention_mask, chunk=chunk, target_mask=targets.long(),
                                 prefix=prefix, prefix_depth=prefix_depth)
-    return -(logp * targets).sum(), targets.sum()
+    return -(logp * weights).sum(), weights.sum()
 
 
 class ModelTokenLossSFTTrainer(SFTTrainer):
-    """TRL's SFTTrainer with the loss computed by :func:`model_token_nll`: the same token-mean
-    cross-entropy over labelled tokens (over the whole accumulated batch when the Trainer
-    passes ``num_items_in_batch``), without materialising logits for unlabelled positions."""
+    """TRL's SFTTrainer with the loss computed by :func:`model_token_nll`, without materialising
+    logits for unlabelled positions. ``token_mean``: the token-mean cross-entropy over the whole
+    accumulated batch when the Trainer passes ``num_items_in_batch``; ``turn_mean``: each
+    micro-batch's mean over its turns, divided by the accumulation steps. Either way the loss is
+    already scaled for gradient accumulation (``loss_is_scaled_for_ga``)."""
 
     prefix_cache: PrefixCache | None = None  # cache_frozen_layers: set by build_trainer when layers are frozen
+    loss_agg: str = "token_mean"  # set by build_trainer from the config
+    loss_is_scaled_for_ga = True
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         prefix = {}
         if self.prefix_cache is not None:  # the frozen bottom layers run once per distinct row, not per epoch
             prefix = {"prefix": self.prefix_cache.prefix(model, inputs["input_ids"], inputs["attention_mask"]),
                       "prefix_depth": self.prefix_cache.depth}
-        nll, count = model_token_nll(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"],
-                                     **prefix)
-        denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
+        nll, weight = model_token_nll(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"],
+                                      loss_agg=self.loss_agg, **prefix)
+        if self.loss_agg == "token_mean" and num_items_in_batch is not None:
+            denominator = num_items_in_batch  # labelled tokens of the whole accumulated batch
+        else:
+            denominator = weight.clamp(min=1) * getattr(self, "current_gradient_accumulation_steps", 1)
         if hasattr(denominator, "to"):
             denominator = denominator.to(nll.device)
         loss = nll / denominator
