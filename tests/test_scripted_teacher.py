@@ -20,6 +20,7 @@ from training.scripted_teacher import (
     collect_scripted,
     first_title_reader,
     information_passages,
+    overlap_title_reader,
     snapshot_candidates,
 )
 
@@ -52,6 +53,17 @@ def test_parsing_what_the_env_showed():
     # A passage cut off entirely by the observation cap was not read.
     assert [p.number for p in information_passages("<information>\n[3] Seine\nThe Se\n</information>",
                                                     [3, 1], titles)] == [3]
+
+
+def test_overlap_title_reader_answers_with_the_passage_closest_to_the_question():
+    paris = OpenedPassage(1, "Paris", "Paris is the capital of France on the Seine.")
+    spree = OpenedPassage(2, "Spree", "The Spree is a river that flows through Berlin.")
+    question = "Which river flows through Berlin?"
+    assert overlap_title_reader(question, [[paris, spree]]) == "Spree"  # first_title would say Paris
+    assert overlap_title_reader(question, [[spree], [paris]]) == "Paris"  # the last reading only
+    assert overlap_title_reader("Who?", [[paris, spree]]) == "Paris"  # no overlap anywhere: the first
+    assert overlap_title_reader(question, [[]]) == UNKNOWN_ANSWER
+    assert ScriptedTeacherConfig(reader="overlap_title").reader == "overlap_title"
 
 
 def test_first_title_reader_reads_the_last_information_with_passages():

@@ -13,7 +13,8 @@
 - **Answer** by a named reader rule over the passages it opened (:data:`READER_RULES`);
   ``"first_title"``: the title of the first passage of the last ``<information>`` observation
   that showed passages (the default corpus's answers are article titles), ``"unknown"`` when
-  nothing was opened.
+  nothing was opened; ``"overlap_title"``: the title of the passage of that reading sharing the
+  most content words with the question.
 
 Every expand is written with :func:`envs.protocol.format_expand` in the env's ``expand_form``.
 The E.2 filter (:func:`training.trajectories.acceptance`) then keeps an episode only when its
@@ -81,7 +82,19 @@ def first_title_reader(question: str, readings: Sequence[Sequence[OpenedPassage]
     return UNKNOWN_ANSWER
 
 
-READER_RULES: dict[str, ReaderRule] = {"first_title": first_title_reader}
+def overlap_title_reader(question: str, readings: Sequence[Sequence[OpenedPassage]]) -> str:
+    """The title of the passage of the last reading that showed passages whose text shares the
+    most content words with the question (the earlier one on a tie)."""
+    asked = content_words(question)
+    for reading in reversed(readings):
+        titled = [p for p in reading if p.title.strip()]
+        if titled:
+            best = max(titled, key=lambda p: (len(asked & content_words(p.text)), -titled.index(p)))
+            return best.title.strip()
+    return UNKNOWN_ANSWER
+
+
+READER_RULES: dict[str, ReaderRule] = {"first_title": first_title_reader, "overlap_title": overlap_title_reader}
 
 
 @dataclass(frozen=True)

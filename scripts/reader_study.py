@@ -1,0 +1,92 @@
+"""Where the answer term goes: the scripted reader rules' table and what a policy's answers are.
+
+    python scripts/reader_study.py                                          # the teacher table only (no model)
+    python scripts/reader_study.py --model runs/ppo-default/sft/model      # + the warm start's answers
+    python scripts/reader_study.py --model runs/ppo-default/final_hf -- --seed 3   # PPOConfig overrides after --
+
+On the held-out questions of the PPO recipe (``--config``, default the main job's) in its env:
+the scripted teacher with each expansion rule and reader rule (``training.reader_study.teacher_table``),
+then, with ``--model``, the policy's greedy episodes (as the trainer evaluates: constrained
+verdicts, its turn and context limits) and where each answer came from
+(``training.reader_study.answer_sources``). Writes ``<out>/reader_study.json``; the last line is
+``teacher_em=<EM of first_title at open_rate 0.5> policy_em=<x> first_opened=<share> question_copy=<share>
+first_title_em=<EM had the policy answered with the first title it opened>`` (the policy's fields
+are nan without ``--model``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envs.atomic import write_json_atomic  # noqa: E402
+from envs.vector_env import SearchVectorEnv  # noqa: E402
+from inference.backends.hf import HFBackend  # noqa: E402
+from inference.models import load_causal_lm, load_tokenizer  # noqa: E402
+from training.config import PPOConfig, load_config  # noqa: E402
+from training.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
+from training.reader_study import ANSWER_SOURCES, answer_sources, teacher_table  # noqa: E402
+from training.rollout import RolloutConfig, collect_rollouts  # noqa: E402
+from training.trajectories import seeds_r1_prompt_fn  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="a policy (Hugging Face folder or model key) whose answers to classify")
+    parser.add_argument("--config", default="configs/ppo/default.yaml", help="the PPO recipe: questions and env")
+    parser.add_argument("--out", type=Path, default=Path("runs/reader_study"))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    return args, overrides
+
+
+def policy_summaries(cfg: PPOConfig, model_spec: str, examples: list, retriever, env_config) -> list[dict]:
+    """The env summaries of the policy's greedy episodes on ``examples`` (the trainer's evaluation)."""
+    tokenizer = load_tokenizer(model_spec)
+    model = load_causal_lm(model_spec, device="cpu", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+    backend = HFBackend(model, tokenizer, max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1)
+    venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(examples)), config=env_config,
+                           tokenizer=tokenizer)
+    rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
+                            temperature=0.0, samples_per_question=1, seed=cfg.seed,
+                            constrain_verdicts=cfg.constrain_verdicts)
+    episodes = collect_rollouts(backend, venv, examples, rollout, seeds_r1_prompt_fn(env_config))
+    return [episode.info for episode in episodes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv)
+    cfg = load_config(PPOConfig, ["--config", args.config, *overrides])
+    env_config = load_env_config(cfg)
+    _, held_out = load_train_and_held_out(cfg)
+    retriever = load_retriever(cfg)
+    tokenizer = load_tokenizer(args.model or cfg.model)
+    table = teacher_table(held_out, retriever, env_config, seed=cfg.eval_seed, tokenizer=tokenizer)
+    print(f"scripted teacher on {len(held_out)} held-out questions (EM, EM per kind, reward):")
+    for expansion, readers in table.items():
+        for reader, row in readers.items():
+            print(f"  {expansion:24s} {reader:14s} " + " ".join(f"{k} {v:.3f}" for k, v in row.items()))
+    result = {"questions": len(held_out), "teacher": table}
+    policy = {k: float("nan") for k in ("em", "first_opened", "question_copy", "first_title_em")}
+    if args.model:
+        sources = answer_sources(policy_summaries(cfg, args.model, held_out, retriever, env_config))
+        n = max(1, sources["episodes"])
+        print(f"policy {args.model}: EM {sources['em']:.3f}; answers " +
+              ", ".join(f"{k} {sources[k]}" for k in ANSWER_SOURCES) +
+              f" (opened something on {sources['opened_something']}); answering with the first title it "
+              f"opened would give EM {sources['first_title_em']:.3f}")
+        result["policy"] = sources
+        policy = {"em": sources["em"], "first_opened": sources["first_opened"] / n,
+                  "question_copy": sources["question_copy"] / n, "first_title_em": sources["first_title_em"]}
+    write_json_atomic(result, args.out / "reader_study.json")
+    print(f"teacher_em={table['open_rate 0.5']['first_title']['em']:.4f} policy_em={policy['em']:.4f} "
+          f"first_opened={policy['first_opened']:.4f} question_copy={policy['question_copy']:.4f} "
+          f"first_title_em={policy['first_title_em']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
