@@ -27,9 +27,12 @@ without training it; its greedy policy opened every box (precision 0.2, chance) 
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from training.box_world import ALONE_ENV, build, ppo_config, warm_start
+from training.reader_study import ANSWER_SHARE_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +67,8 @@ def test_ppo_learns_which_box_to_open_judging_each_alone(setup):
     assert precision["after"] >= precision["before"] + 0.5  # far above where PPO started
     assert precision["after"] >= 0.8  # and far above chance (one box of five: 0.2)
     assert reward["after"] >= 0.5 and reward["lo"] > 0  # the gain's paired bootstrap interval excludes 0
+    # where the answers came from (training.reader_study), kept in eval.json for both evaluations
+    evaluation = json.loads((setup["folder"] / "ppo-alone" / "eval.json").read_text())
+    for side in ("before", "after"):
+        shares = [evaluation[side][key] for key in ANSWER_SHARE_KEYS]
+        assert all(0 <= share <= 1 for share in shares) and sum(shares) == pytest.approx(1.0)

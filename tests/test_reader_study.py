@@ -6,7 +6,15 @@ from conftest import OverlapRetriever
 
 from envs.config import EnvConfig
 from envs.types import QAExample
-from training.reader_study import ANSWER_SOURCES, answer_source, answer_sources, copies_question, teacher_table
+from training.reader_study import (
+    ANSWER_SHARE_KEYS,
+    ANSWER_SOURCES,
+    answer_shares,
+    answer_source,
+    answer_sources,
+    copies_question,
+    teacher_table,
+)
 
 QUESTION = 'Which subject is described as "River in Germany" and has a summary that begins: "The ___ flows"?'
 
@@ -41,6 +49,14 @@ def test_answer_sources_count_and_the_first_title_counterfactual():
     assert sources["em"] == 0.25
     # Answering with the first title opened: Spree twice (episodes 1 and 2), Berlin once, nothing once.
     assert sources["first_title_em"] == 0.5
+
+
+def test_answer_shares_are_the_evaluation_stats():
+    shares = answer_shares([summary("Spree"), summary("Berlin"), summary("Spree"), summary(None)])
+    assert list(shares) == list(ANSWER_SHARE_KEYS)
+    assert shares["answers_first_opened"] == 0.5 and shares["answers_shown_not_opened"] == 0.25
+    assert shares["answers_missing"] == 0.25 and sum(shares.values()) == 1.0
+    assert set(answer_shares([]).values()) == {0.0}
 
 
 def test_teacher_table_bounds_each_reader_rule():

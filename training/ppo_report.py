@@ -18,6 +18,7 @@ from training.policy_eval import (
     verdict_ranking,
     verdict_scores,
 )
+from training.reader_study import ANSWER_SHARE_KEYS, ANSWER_SOURCES, answer_shares
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 
 # Metrics averaged over processes (rollout_stats keys plus the trainer's).
@@ -34,7 +35,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     over processes, per-question outcomes of ALL questions in order, for the paired bootstrap)."""
     indices = list(range(accelerator.process_index, len(examples), accelerator.num_processes))
     shard = [examples[i] for i in indices]
-    stats = {k: 0.0 for k in ROLLOUT_KEYS}
+    stats = {k: 0.0 for k in ROLLOUT_KEYS + ANSWER_SHARE_KEYS}
     episodes = []
     if shard:
         venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config,
@@ -46,6 +47,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
                                     progress="eval" if accelerator.is_local_main_process else None)
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
+        stats.update(answer_shares([e.info for e in episodes]))  # where the answers came from (reader_study)
     outcomes = gather_outcomes(accelerator, question_outcomes(episodes), indices, len(examples))
     stats = reduce_mean(accelerator, stats)
     judged_alone = tokenizer is not None and any(e.verdict_rows for e in episodes)
@@ -74,6 +76,10 @@ def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict
                           f"{eval_end['yes_prob_positive']:.3f} / {eval_end['yes_prob_negative']:.3f}, AUC "
                           f"{eval_start['verdict_auc']:.3f} -> {eval_end['verdict_auc']:.3f} "
                           f"({eval_end['verdicts']:.0f} verdicts)")
+    if all(k in eval_start and k in eval_end for k in ANSWER_SHARE_KEYS):
+        accelerator.print("[ppo]   answers: " + ", ".join(
+            f"{k.replace('_', ' ')} {eval_start['answers_' + k]:.2f} -> {eval_end['answers_' + k]:.2f}"
+            for k in ANSWER_SOURCES))
     report = {"before": eval_start, "after": eval_end, "questions": n, "comparison": comparison,
               "per_question": {"before": {k: v.tolist() for k, v in outcomes_start.items()},
                                "after": {k: v.tolist() for k, v in outcomes_end.items()}}}

@@ -89,6 +89,16 @@ def answer_sources(summaries: Sequence[dict]) -> dict[str, Any]:
             "first_title_em": sum(rule_hits) / n}
 
 
+ANSWER_SHARE_KEYS = tuple(f"answers_{source}" for source in ANSWER_SOURCES)  # the trainer's evaluation stats
+
+
+def answer_shares(summaries: Sequence[dict]) -> dict[str, float]:
+    """:data:`ANSWER_SHARE_KEYS`: the share of episodes whose answer came from each source (0 without episodes)."""
+    counts = Counter(answer_source(s) for s in summaries)
+    n = len(summaries)
+    return {f"answers_{k}": (counts.get(k, 0) / n if n else 0.0) for k in ANSWER_SOURCES}
+
+
 def teacher_row(examples: Sequence, retriever: Any, env_config: EnvConfig, settings: ScriptedTeacherConfig,
                 seed: int, tokenizer: Any = None) -> dict[str, float]:
     """EM, EM per question kind (``metadata["type"]``) and mean reward of the scripted teacher."""
