@@ -43,9 +43,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, overrides
 
 
-def policy_summaries(cfg: PPOConfig, model_spec: str, examples: list, retriever, env_config) -> list[dict]:
+def policy_summaries(cfg: PPOConfig, model_spec: str, tokenizer, examples: list, retriever, env_config) -> list[dict]:
     """The env summaries of the policy's greedy episodes on ``examples`` (the trainer's evaluation)."""
-    tokenizer = load_tokenizer(model_spec)
     model = load_causal_lm(model_spec, device="cpu", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
     backend = HFBackend(model, tokenizer, max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1)
     venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(examples)), config=env_config,
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"questions": len(held_out), "teacher": table}
     policy = {k: float("nan") for k in ("em", "first_opened", "question_copy", "first_title_em")}
     if args.model:
-        sources = answer_sources(policy_summaries(cfg, args.model, held_out, retriever, env_config))
+        sources = answer_sources(policy_summaries(cfg, args.model, tokenizer, held_out, retriever, env_config))
         n = max(1, sources["episodes"])
         print(f"policy {args.model}: EM {sources['em']:.3f}; answers " +
               ", ".join(f"{k} {sources[k]}" for k in ANSWER_SOURCES) +

@@ -94,9 +94,9 @@ ANSWER_SHARE_KEYS = tuple(f"answers_{source}" for source in ANSWER_SOURCES)  # t
 
 def answer_shares(summaries: Sequence[dict]) -> dict[str, float]:
     """:data:`ANSWER_SHARE_KEYS`: the share of episodes whose answer came from each source (0 without episodes)."""
-    counts = Counter(answer_source(s) for s in summaries)
+    sources = answer_sources(summaries)
     n = len(summaries)
-    return {f"answers_{k}": (counts.get(k, 0) / n if n else 0.0) for k in ANSWER_SOURCES}
+    return {f"answers_{k}": (sources[k] / n if n else 0.0) for k in ANSWER_SOURCES}
 
 
 def teacher_row(examples: Sequence, retriever: Any, env_config: EnvConfig, settings: ScriptedTeacherConfig,
