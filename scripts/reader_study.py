@@ -8,10 +8,12 @@ On the held-out questions of the PPO recipe (``--config``, default the main job'
 the scripted teacher with each expansion rule and reader rule (``training.reader_study.teacher_table``),
 then, with ``--model``, the policy's greedy episodes (as the trainer evaluates: constrained
 verdicts, its turn and context limits) and where each answer came from
-(``training.reader_study.answer_sources``). Writes ``<out>/reader_study.json``; the last line is
+(``training.reader_study.answer_sources``), and its answers after the recipe's warm-start teacher's
+own turns on the same questions (``training.reader_study.forced_answers``: reading alone, whatever
+its verdicts would open). Writes ``<out>/reader_study.json``; the last line is
 ``teacher_em=<EM of first_title at open_rate 0.5> policy_em=<x> first_opened=<share> question_copy=<share>
-first_title_em=<EM had the policy answered with the first title it opened>`` (the policy's fields
-are nan without ``--model``).
+first_title_em=<EM had the policy answered with the first title it opened> forced_reads=<share of
+teacher-forced answers that are the teacher's own>`` (the policy's fields are nan without ``--model``).
 """
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ from inference.backends.hf import HFBackend  # noqa: E402
 from inference.models import load_causal_lm, load_tokenizer  # noqa: E402
 from training.config import PPOConfig, load_config  # noqa: E402
 from training.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
-from training.reader_study import ANSWER_SOURCES, answer_sources, teacher_table  # noqa: E402
-from training.rollout import RolloutConfig, collect_rollouts  # noqa: E402
+from training.ppo_report import greedy_rollout_config  # noqa: E402
+from training.reader_study import ANSWER_SOURCES, answer_sources, forced_answers, teacher_table  # noqa: E402
+from training.rollout import collect_rollouts  # noqa: E402
+from training.scripted_teacher import collect_scripted  # noqa: E402
+from training.sft import warm_start_config  # noqa: E402
 from training.trajectories import seeds_r1_prompt_fn  # noqa: E402
 
 
@@ -43,17 +48,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, overrides
 
 
-def policy_summaries(cfg: PPOConfig, model_spec: str, tokenizer, examples: list, retriever, env_config) -> list[dict]:
+def policy_summaries(cfg: PPOConfig, model, tokenizer, examples: list, retriever, env_config) -> list[dict]:
     """The env summaries of the policy's greedy episodes on ``examples`` (the trainer's evaluation)."""
-    model = load_causal_lm(model_spec, device="cpu", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
     backend = HFBackend(model, tokenizer, max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1)
     venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(examples)), config=env_config,
                            tokenizer=tokenizer)
-    rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
-                            temperature=0.0, samples_per_question=1, seed=cfg.seed,
-                            constrain_verdicts=cfg.constrain_verdicts)
-    episodes = collect_rollouts(backend, venv, examples, rollout, seeds_r1_prompt_fn(env_config))
+    episodes = collect_rollouts(backend, venv, examples, greedy_rollout_config(cfg), seeds_r1_prompt_fn(env_config))
     return [episode.info for episode in episodes]
+
+
+def teacher_forced(cfg: PPOConfig, model, tokenizer, examples: list, retriever, env_config) -> dict:
+    """:func:`training.reader_study.forced_answers` after the recipe's warm-start teacher on ``examples``."""
+    records = collect_scripted(examples, retriever, env_config, warm_start_config(cfg).scripted_teacher(),
+                               num_envs=cfg.num_envs, seed=cfg.eval_seed, tokenizer=tokenizer)
+    return forced_answers(model, tokenizer, records, env_config.expand_form, env_config.judge_context,
+                          max_new_tokens=cfg.max_turn_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,21 +78,27 @@ def main(argv: list[str] | None = None) -> int:
         for reader, row in readers.items():
             print(f"  {expansion:24s} {reader:14s} " + " ".join(f"{k} {v:.3f}" for k, v in row.items()))
     result = {"questions": len(held_out), "teacher": table}
-    policy = {k: float("nan") for k in ("em", "first_opened", "question_copy", "first_title_em")}
+    policy = {k: float("nan") for k in ("em", "first_opened", "question_copy", "first_title_em", "forced_reads")}
     if args.model:
-        sources = answer_sources(policy_summaries(cfg, args.model, tokenizer, held_out, retriever, env_config))
+        model = load_causal_lm(args.model, device="cpu", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        sources = answer_sources(policy_summaries(cfg, model, tokenizer, held_out, retriever, env_config))
         n = max(1, sources["episodes"])
         print(f"policy {args.model}: EM {sources['em']:.3f}; answers " +
               ", ".join(f"{k} {sources[k]}" for k in ANSWER_SOURCES) +
               f" (opened something on {sources['opened_something']}); answering with the first title it "
               f"opened would give EM {sources['first_title_em']:.3f}")
-        result["policy"] = sources
+        forced = teacher_forced(cfg, model, tokenizer, held_out, retriever, env_config)
+        print(f"after the warm-start teacher's own turns: says the teacher's answer on {forced['teacher_answer']} "
+              f"of {forced['episodes']}, EM {forced['em']:.3f}; answers " +
+              ", ".join(f"{k} {forced[k]}" for k in ANSWER_SOURCES))
+        result.update(policy=sources, teacher_forced=forced)
         policy = {"em": sources["em"], "first_opened": sources["first_opened"] / n,
-                  "question_copy": sources["question_copy"] / n, "first_title_em": sources["first_title_em"]}
+                  "question_copy": sources["question_copy"] / n, "first_title_em": sources["first_title_em"],
+                  "forced_reads": forced["teacher_answer"] / max(1, forced["episodes"])}
     write_json_atomic(result, args.out / "reader_study.json")
     print(f"teacher_em={table['open_rate 0.5']['first_title']['em']:.4f} policy_em={policy['em']:.4f} "
           f"first_opened={policy['first_opened']:.4f} question_copy={policy['question_copy']:.4f} "
-          f"first_title_em={policy['first_title_em']:.4f}")
+          f"first_title_em={policy['first_title_em']:.4f} forced_reads={policy['forced_reads']:.4f}")
     return 0
 
 

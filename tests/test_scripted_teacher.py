@@ -141,6 +141,28 @@ def test_open_rate_opens_each_candidate_with_its_probability(retriever, examples
         ScriptedTeacherConfig(open_rate=1.5)
 
 
+def test_samples_read_one_question_through_different_openings(retriever, examples):
+    """``samples``: consecutive episodes per question on coins of their own; each answers with the
+    first title IT opened, so one question gets different openings; a collection in chunks
+    (``offset``) gives the same episodes as one pass."""
+    config = EnvConfig(expand_form="judge", max_expand=5)
+    settings = ScriptedTeacherConfig(open_rate=0.5, second_search=False, think=False)
+    records = collect_scripted(examples, retriever, config, settings, num_envs=3, seed=2, samples=6)
+    assert [r["id"] for r in records] == [e.id for e in examples for _ in range(6)]
+    for record in records:
+        search = record["summary"]["searches"][0]
+        first = [search["titles"][n - 1] for n in search["expanded"]][:1]
+        assert record["summary"]["answer"] == (first[0] if first else "unknown")
+    openings = {q: {tuple(r["summary"]["searches"][0]["expanded"]) for r in records if r["id"] == q}
+                for q in {e.id for e in examples}}
+    assert all(len(sets) > 1 for sets in openings.values())
+    chunked = collect_scripted(examples[:2], retriever, config, settings, num_envs=3, seed=2, samples=6) + \
+        collect_scripted(examples[2:], retriever, config, settings, num_envs=3, seed=2, samples=6, offset=2)
+    assert [r["segments"] for r in chunked] == [r["segments"] for r in records]
+    with pytest.raises(ValueError, match="samples"):
+        collect_scripted(examples, retriever, config, settings, samples=0)
+
+
 def test_observation_caps_count_the_policy_tokens(retriever, examples):
     """Envs built for SFT count the cap in the given tokenizer's tokens: a 45-token cap cuts every
     information observation (two passages: 31-38 words, 51-63 tiny-BPE tokens), while a

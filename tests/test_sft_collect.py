@@ -54,6 +54,24 @@ def test_collection_runs_out_of_questions_with_a_message(retriever, tmp_path, ca
     assert len(everything) == 8 and progress["target_reached"] and progress["target_accepted"] is None
 
 
+def test_teacher_samples_collect_several_episodes_per_question(retriever, tmp_path):
+    """``teacher_samples``: each question's episodes come together, and stopping at the target
+    keeps the one-pass episodes; only the scripted teacher has it."""
+    questions = mixed_questions()
+    config = scripted_config(tmp_path, teacher_samples=3, target_accepted=4, teacher_open_rate=0.5)
+    records, progress = collect_until_accepted(config, questions, retriever)
+    whole = collect_scripted(questions, retriever, config.env_config(), config.scripted_teacher(), num_envs=2,
+                             samples=3)
+    assert [r["id"] for r in whole] == [q.id for q in questions for _ in range(3)]
+    assert [r["text"] for r in records] == [r["text"] for r in whole[:len(records)]]
+    assert sum(r["accepted"] for r in records) == 4 and records[-1]["accepted"]
+    assert progress["questions_used"] == 4  # chunks of 2 questions: m0 m1 give 3 accepted, m2 m3 the 4th
+    with pytest.raises(ValueError, match="teacher_samples"):
+        scripted_config(tmp_path, teacher_samples=0)
+    with pytest.raises(ValueError, match="teacher_samples"):
+        WarmStartConfig(teacher="method", teacher_llm="openai:m", teacher_samples=2)
+
+
 def test_run_logs_and_stores_the_acceptance_rate_and_uses_the_policy_tokenizer(retriever, tmp_path, capsys,
                                                                               monkeypatch):
     tokenizer = tiny_tokenizer()

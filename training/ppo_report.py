@@ -29,6 +29,13 @@ ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "selection_precision", 
 SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
 
 
+def greedy_rollout_config(cfg: PPOConfig) -> RolloutConfig:
+    """How the trainer evaluates: greedy, one episode per question, the run's turn and context limits."""
+    return RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
+                         temperature=0.0, samples_per_question=1, seed=cfg.seed,
+                         constrain_verdicts=cfg.constrain_verdicts)
+
+
 def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn,
                     tokenizer=None) -> tuple[dict, dict]:
     """Greedy episodes on held-out questions (each process its shard) -> (rollout_stats averaged
@@ -40,10 +47,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     if shard:
         venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config,
                                tokenizer=tokenizer)
-        rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
-                                temperature=0.0, samples_per_question=1, seed=cfg.seed,
-                                constrain_verdicts=cfg.constrain_verdicts)
-        episodes = collect_rollouts(backend, venv, shard, rollout, prompt_fn,
+        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(cfg), prompt_fn,
                                     progress="eval" if accelerator.is_local_main_process else None)
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})

@@ -230,30 +230,41 @@ class ScriptedTeacher:
 
 def collect_scripted(examples: Sequence[QAExample], retriever: Any, env_config: EnvConfig | None = None,
                      settings: ScriptedTeacherConfig | None = None, num_envs: int = 16, seed: int = 0,
-                     tokenizer: Any | None = None, offset: int = 0) -> list[dict]:
-    """One scripted-teacher trajectory per example, ``num_envs`` episodes per env step.
+                     tokenizer: Any | None = None, offset: int = 0, samples: int = 1) -> list[dict]:
+    """``samples`` scripted-teacher trajectories per example (consecutive records), ``num_envs``
+    episodes per env step.
 
     ``tokenizer``: the POLICY's tokenizer, so the env counts observation caps in its tokens
     (as in the policy's rollouts); None counts words. ``offset``: the position of ``examples[0]``
     in a longer question list collected in chunks (the env seeds then match one whole pass);
-    each teacher's choices are seeded by ``seed`` and its question id.
+    each teacher's choices are seeded by ``seed``, its question id and its sample number, so the
+    samples of one question open different candidates and (reading them) answer differently.
     """
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, not {samples}")
     env_config = env_config or EnvConfig()
     settings = settings or ScriptedTeacherConfig()
-    venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(examples) or 1)), config=env_config,
+    episodes = [(ex, k) for ex in examples for k in range(samples)]
+    venv = SearchVectorEnv(retriever, num_envs=max(1, min(num_envs, len(episodes) or 1)), config=env_config,
                            tokenizer=tokenizer)
     records: list[dict] = []
-    for start in range(0, len(examples), venv.num_envs):
-        batch = list(examples[start:start + venv.num_envs])
-        records += _play_batch(venv, batch, env_config, settings, seed, offset + start)
+    for start in range(0, len(episodes), venv.num_envs):
+        batch = episodes[start:start + venv.num_envs]
+        records += _play_batch(venv, batch, env_config, settings, seed, offset * samples + start)
     return records
 
 
-def _play_batch(venv: Any, batch: list[QAExample], env_config: EnvConfig, settings: ScriptedTeacherConfig,
-                seed: int, start: int) -> list[dict]:
+def teacher_rng(seed: int, example_id: str, sample: int) -> random.Random:
+    """The coins of one teacher episode (sample 0 keeps the seed of a one-sample collection)."""
+    return random.Random(f"{seed}:{example_id}" if sample == 0 else f"{seed}:{example_id}:{sample}")
+
+
+def _play_batch(venv: Any, episodes: list[tuple[QAExample, int]], env_config: EnvConfig,
+                settings: ScriptedTeacherConfig, seed: int, start: int) -> list[dict]:
+    batch = [ex for ex, _ in episodes]
     n = len(batch)
     venv.reset(seed=seed + start, examples=batch + [batch[0]] * (venv.num_envs - n))
-    teachers = [ScriptedTeacher(ex, env_config, settings, random.Random(f"{seed}:{ex.id}")) for ex in batch]
+    teachers = [ScriptedTeacher(ex, env_config, settings, teacher_rng(seed, ex.id, k)) for ex, k in episodes]
     turns: list[list[tuple[str, str]]] = [[] for _ in batch]
     pending: list[str | None] = [t.first() for t in teachers] + [None] * (venv.num_envs - n)
     summaries: list[dict | None] = [None] * n

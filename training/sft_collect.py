@@ -41,7 +41,8 @@ def collect(config: WarmStartConfig, examples: Sequence[QAExample], retriever: A
     """
     if config.teacher == "scripted":
         return collect_scripted(examples, retriever, config.env_config(), config.scripted_teacher(),
-                                num_envs=config.num_envs, seed=config.seed, tokenizer=tokenizer, offset=seed_offset)
+                                num_envs=config.num_envs, seed=config.seed, tokenizer=tokenizer, offset=seed_offset,
+                                samples=config.teacher_samples)
     llm = llm if llm is not None else load_teacher_llm(config)
     return collect_with_method(examples, retriever, config.teacher_method, llm, config.env_config(),
                                config.teacher_method_options, concurrency=config.teacher_concurrency,

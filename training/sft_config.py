@@ -54,6 +54,9 @@ class WarmStartConfig:
     teacher_second_search: bool = True  # scripted: search a shown title when nothing read touches the question
     teacher_think: bool = True  # scripted: a short <think> before every action
     teacher_reader: str = "first_title"  # scripted: reader rule over the opened passages (READER_RULES)
+    # scripted: episodes per question, each on coins of its own: one question read through different opened
+    # sets and answered from each, so the answer turn has to look at what was opened (not at the question)
+    teacher_samples: int = 1
     teacher_method: str = "seeds-react"  # method teacher: registered method name
     teacher_llm: str | None = None  # method teacher, REQUIRED: backend spec, e.g. vllm:<model>, openai:<served model>
     teacher_llm_options: dict = field(default_factory=dict)
@@ -103,6 +106,11 @@ class WarmStartConfig:
             raise ValueError(f"teacher: method needs teacher_llm, the backend spec of the teacher model "
                              f"(e.g. vllm:/models/<teacher> or openai:<model served at OPENAI_BASE_URL>); "
                              f"see {PAPER_RECIPE}")
+        if self.teacher_samples < 1:
+            raise ValueError(f"teacher_samples must be at least 1, not {self.teacher_samples}")
+        if self.teacher_samples > 1 and self.teacher != "scripted":
+            raise ValueError("teacher_samples > 1 is the scripted teacher's (a method teacher runs one episode "
+                             "per question: give it more questions instead)")
         if self.target_accepted is not None and self.target_accepted < 1:
             raise ValueError("target_accepted must be at least 1 (or null)")
         if self.data is None and (self.num_questions is None or self.num_questions < 1):
