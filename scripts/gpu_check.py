@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--checks", nargs="+", default=list(CHECKS) + ["deepspeed"])
+    names = list(CHECKS) + ["deepspeed"]
+    parser.add_argument("--checks", nargs="+", default=names, choices=names,
+                        help="which checks (DeepSpeed's always runs last)")
     return parser.parse_args(argv)
 
 
@@ -82,6 +84,22 @@ def deepspeed_accelerator():
     return Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2, gradient_clipping=1.0))
 
 
+def release_deepspeed() -> None:
+    """Forget the ZeRO-2 accelerator after its check: accelerate's state is process-wide, so a later
+    plain ``Accelerator()`` would otherwise inherit the DeepSpeed plugin (and its process group)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def ordered_checks(names: list[str]) -> list[str]:
+    """The checks in the order asked, DeepSpeed's last (and each once)."""
+    unique = list(dict.fromkeys(names))
+    return [name for name in unique if name != "deepspeed"] + [name for name in unique if name == "deepspeed"]
+
+
 def run_check(world: dict, name: str, args: argparse.Namespace) -> bool:
     from accelerate import Accelerator
 
@@ -92,7 +110,10 @@ def run_check(world: dict, name: str, args: argparse.Namespace) -> bool:
         if name == "deepspeed":
             import deepspeed  # noqa: F401
 
-            stats = one_update(world, name, {"advantage": "grpo"}, args, deepspeed_accelerator())
+            try:
+                stats = one_update(world, name, {"advantage": "grpo"}, args, deepspeed_accelerator())
+            finally:
+                release_deepspeed()
         else:
             stats = one_update(world, name, CHECKS[name], args, Accelerator(cpu=args.device == "cpu"))
     except ImportError as error:
@@ -130,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if args.device == "cuda" else "cpu"
         world["policy"] = protocol_policy(world, device, torch.float32)
         print(f"gpu_check: protocol taught to the random policy in {time.perf_counter() - t0:.1f} s", flush=True)
-        passed = sum(run_check(world, name, args) for name in args.checks)
-    print(f"gpu_check={passed}/{len(args.checks)}")
-    return 0 if passed == len(args.checks) else 1
+        checks = ordered_checks(args.checks)
+        passed = sum(run_check(world, name, args) for name in checks)
+    print(f"gpu_check={passed}/{len(checks)}")
+    return 0 if passed == len(checks) else 1
 
 
 if __name__ == "__main__":
