@@ -23,6 +23,9 @@ from envs.typed_config import (  # noqa: F401  (re-exported: the loader every en
     to_dict,
 )
 
+ANSWER_CREDITS = ("episode", "answer")  # PPOConfig.answer_credit (training/answer_credit.py)
+OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce")  # one value per episode: a reward term can have its own
+
 
 @dataclass
 class LoraSettings:
@@ -164,6 +167,10 @@ class PPOConfig:
     # row (1: the episode's outcome, answer included, credits every verdict; 0: each verdict learns from its
     # own candidate's term only, verdict_credit, so the reader's use of what was opened does not steer it)
     verdict_episode_credit: float = 1.0
+    # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
+    # advantage of the reward's answer term alone, so what the selection term paid does not steer the
+    # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce)
+    answer_credit: str = "episode"
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
     max_grad_norm: float = 1.0
     # end an update's optimizer steps after the first mini-batch whose KL(old ‖ current), measured in its
@@ -188,7 +195,8 @@ class PPOConfig:
                    "report_to": ("none", "wandb"), "tis": ("none", "token", "sequence"),
                    "tis_mode": ("truncate", "mask"),
                    "loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
-                   "rollout_engine": ("hf", "vllm"), "old_logprobs": ("recompute", "sampler")}
+                   "rollout_engine": ("hf", "vllm"), "old_logprobs": ("recompute", "sampler"),
+                   "answer_credit": ANSWER_CREDITS}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")
@@ -214,6 +222,9 @@ class PPOConfig:
             raise ConfigError("verdict_episode_credit must be at least 0")
         if self.verdict_episode_credit == 0 and self.verdict_credit == 0:
             raise ConfigError("verdict_episode_credit 0 needs verdict_credit > 0: the verdicts would get no advantage")
+        if self.answer_credit == "answer" and self.advantage not in OUTCOME_ESTIMATORS:
+            raise ConfigError(f"answer_credit 'answer' needs an outcome estimator {OUTCOME_ESTIMATORS}, "
+                              f"not advantage {self.advantage!r}")
         if self.verdict_credit > 0 and not self.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.require_sft_checkpoint and not self.sft_checkpoint:

@@ -54,6 +54,7 @@ from tqdm import tqdm
 
 from envs.vector_env import SearchVectorEnv
 from training.advantages import AdvantageBatch, compute_advantages, two_choice_advantages
+from training.answer_credit import with_answer_credit
 from training.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from training.config import PPOConfig, load_config
 from training.curves import write_curves_or_warn
@@ -213,6 +214,8 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
         accelerator=accelerator))
     advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"],
                                    cfg.verdict_episode_credit)
+    if cfg.answer_credit == "answer":  # the answer turn: the answer term's own advantage
+        advantages = with_answer_credit(cfg, advantages, batch, mask, E)
     returns = pad_rows(returns, mask.shape[0])
     if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
         advantages = advantages + cfg.verdict_credit * two_choice_advantages(

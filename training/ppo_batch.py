@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from training.answer_credit import answer_term, answer_turn_mask
+
 
 @dataclass
 class VerdictTrainingRow:
@@ -49,7 +51,9 @@ def verdict_rows_as_episodes(episodes: list) -> tuple[list[VerdictTrainingRow], 
 def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, torch.Tensor]:
     """Right-padded tensors. input_ids/attention_mask (B, T); per-token tensors (B, T−1), where
     position t is about token t+1 (the log-prob at t predicts token t+1); reward/group_id/owner (B,):
-    the episodes' rows, then their verdict rows (:func:`verdict_rows_as_episodes`)."""
+    the episodes' rows, then their verdict rows (:func:`verdict_rows_as_episodes`). ``answer_mask``
+    (B, T−1) marks the answering turn's model tokens and ``answer_reward`` (B,) is the reward's answer
+    term (:mod:`training.answer_credit`), both 0 on verdict rows."""
     verdicts, owners = verdict_rows_as_episodes(episodes)
     owner = [-1] * len(episodes) + owners
     episodes = list(episodes) + verdicts
@@ -61,6 +65,7 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
     sampler = torch.zeros((B, width), dtype=torch.float32)
     choice = torch.zeros((B, width), dtype=torch.float32)
     gap = torch.zeros((B, width), dtype=torch.float32)
+    answer = torch.zeros((B, width), dtype=torch.float32)
     for i, e in enumerate(episodes):
         n = len(e.token_ids)
         ids[i, :n] = torch.tensor(e.token_ids)
@@ -71,10 +76,12 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
             choice[i, :n] = torch.tensor(e.choice_mask, dtype=torch.float32)
         if e.choice_reward_gap:
             gap[i, :n] = torch.tensor(e.choice_reward_gap, dtype=torch.float32)
+        answer[i, :n] = torch.tensor(answer_turn_mask(e), dtype=torch.float32)
     batch = {"input_ids": ids, "attention_mask": attention, "model_mask": loss_mask[:, 1:],
              "sampler_logp": sampler[:, 1:], "choice_mask": choice[:, 1:],
-             "choice_reward_gap": gap[:, 1:],
+             "choice_reward_gap": gap[:, 1:], "answer_mask": answer[:, 1:],
              "reward": torch.tensor([e.reward for e in episodes]),
+             "answer_reward": torch.tensor([answer_term(e) for e in episodes], dtype=torch.float32),
              "group_id": torch.tensor([e.group_id for e in episodes]), "owner": torch.tensor(owner)}
     return {k: v.to(device) for k, v in batch.items()}
 
