@@ -24,7 +24,6 @@ def test_the_checks_run_one_update_each_on_a_cpu(capsys):
         assert any(line.startswith(f"gpu_check {name}: ok policy_loss=") for line in lines)
 
 
-
 def test_deepspeed_runs_last():
     """accelerate's state is process-wide: DeepSpeed's check runs after the others (and releases its
     state). Its run on a CPU after another check is checked by hand (README): in the suite, what
