@@ -3,19 +3,19 @@ answering turn's tokens take the advantage of the reward's answer term alone; ev
 keeps the episode's."""
 from __future__ import annotations
 
+import copy
 import functools
 from types import SimpleNamespace
 
 import pytest
 import torch
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
-from tiny_models import tiny_llama
 
 from envs.config import EnvConfig
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
-from training import ppo
+from training import ppo, ppo_score
 from training.advantages import grpo_advantages
 from training.answer_credit import answer_term, answer_turn_advantages, answer_turn_mask
 from training.config import ConfigError, LoraSettings, PPOConfig
@@ -86,23 +86,33 @@ def test_rollout_batches_mark_the_answer_tokens_and_carry_the_answer_term(script
     assert {float(r) for r in batch["answer_reward"]} == {0.0, 1.0}  # Paris is right for q0 only
 
 
-def test_the_trainer_credits_answer_turns_by_the_answer_term(tmp_path, retriever, examples, monkeypatch, tokenizer):  # noqa: F811
+def test_the_trainer_credits_answer_turns_by_the_answer_term(tmp_path, retriever, examples, monkeypatch,  # noqa: F811
+                                                           script_lm, tokenizer):  # noqa: F811
+    """The scripted policy answers every episode (search, expand, "Paris"); the answer terms are set
+    to one right and one wrong answer per question inside the trainer's call, so the answer turns
+    must take the answer term's own group advantage (±1/√2) and every other token keep its own."""
     seen = []
 
     def recording(cfg, advantages, batch, mask, episodes):
-        out = ppo_with_answer_credit(cfg, advantages, batch, mask, episodes)
-        seen.append((advantages.clone(), out, batch["answer_mask"].clone()))
+        batch["answer_reward"][:episodes] = (torch.arange(episodes) % 2).to(batch["answer_reward"].dtype)
+        out = real_with_answer_credit(cfg, advantages, batch, mask, episodes)
+        seen.append((advantages.clone(), out, batch["answer_mask"] * mask, batch, episodes))
         return out
 
-    ppo_with_answer_credit = ppo.with_answer_credit
-    monkeypatch.setattr(ppo, "with_answer_credit", recording)
+    real_with_answer_credit = ppo_score.with_answer_credit
+    monkeypatch.setattr(ppo_score, "with_answer_credit", recording)
     cfg = PPOConfig(output_dir=str(tmp_path), updates=2, questions_per_update=2, samples_per_question=2,
-                    micro_batch_size=2, mini_batches=2, max_turn_tokens=6, max_context_tokens=512,
-                    env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lora=LoraSettings(r=4, alpha=8),
-                    export=False, sft_warm_start=False, log_samples=0, advantage="grpo", answer_credit="answer",
-                    temperature=1.0)
+                    micro_batch_size=2, mini_batches=2, max_turn_tokens=8, max_context_tokens=2048,
+                    env={"max_actions": 3, "max_searches": 1}, eval_questions=0, lr_actor=1e-2,
+                    lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0,
+                    advantage="grpo", answer_credit="answer", temperature=1.0, cache_frozen_layers=False)
     result = ppo.train(cfg, retriever=retriever, examples=examples, eval_examples=[],
-                       models=wrap_models(tiny_llama(tokenizer), tokenizer, cfg))
+                       models=wrap_models(copy.deepcopy(script_lm), tokenizer, cfg))
     assert len(seen) == 2 and all(torch.isfinite(torch.tensor(h["policy_loss"])) for h in result["history"])
-    for before, after, answer_mask in seen:  # only the answer turns' tokens may change
-        assert torch.equal(before[answer_mask == 0], after[answer_mask == 0])
+    for before, after, answer_mask, batch, E in seen:
+        answered = answer_mask[:E] > 0
+        assert bool(answered.any(dim=1).all())  # every episode answered: its answer turn is marked
+        expected, _ = grpo_advantages(batch["answer_reward"][:E], batch["group_id"][:E], answer_mask[:E])
+        assert torch.allclose(after[:E][answered], expected.to(after.dtype)[answered])
+        assert float(after[:E][answered].abs().min()) == pytest.approx(2 ** -0.5, abs=1e-3)
+        assert torch.equal(before[answer_mask == 0], after[answer_mask == 0])  # only the answer turns change

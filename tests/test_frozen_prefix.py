@@ -9,7 +9,7 @@ import torch
 
 from tests.test_ppo_loop import probe, tiny_cfg, trainable
 from tests.tiny_models import tiny_gemma3, tiny_llama, tiny_tokenizer
-from training import ppo
+from training import ppo_score
 from training.config import LoraSettings
 from training.frozen_prefix import frozen_depth, prefix_hidden
 from training.models import wrap_models
@@ -122,8 +122,8 @@ def test_a_critic_only_update_runs_no_frozen_pass(tok, tmp_path, retriever, exam
     """critic_warmup_updates 1 with the sampler's log-probs: the first update trains only the critic
     and computes no frozen-layer states; the second (actor) does."""
     calls = []
-    real = ppo.frozen_prefix_states
-    monkeypatch.setattr(ppo, "frozen_prefix_states", lambda run, batch: calls.append(1) or real(run, batch))
+    real = ppo_score.frozen_prefix_states
+    monkeypatch.setattr(ppo_score, "frozen_prefix_states", lambda run, batch: calls.append(1) or real(run, batch))
     cfg = tiny_cfg(tmp_path, lora=LoraSettings(r=4, alpha=8, top_layers=1), updates=2, advantage="gae",
                    critic_warmup_updates=1, cache_frozen_layers=True, old_logprobs="sampler", seed=3)
     models = wrap_models(tiny_llama(tok), tok, cfg)
