@@ -31,12 +31,30 @@ def test_comparisons_have_the_parts_only_where_both_sides_recorded_them():
     before = question_outcomes([episode(0.0, 0.0, 0.0), episode(-0.1, 0.0, -0.1)])
     after = question_outcomes([episode(0.25, 0.0, 0.25), episode(1.0, 1.0, 0.0)])
     rows = compare_runs(before, after, resamples=200)
-    assert set(rows) == {"reward", "em", "precision", "selection", "format"}
+    assert set(rows) == {"reward", "em", "precision", "selection", "format", "reading"}
     assert rows["selection"]["diff"] == pytest.approx(0.175) and rows["format"]["diff"] == 0.0
     assert rows["reward"]["diff"] == pytest.approx(rows["em"]["diff"] + rows["selection"]["diff"])
     old = {k: before[k] for k in CORE_OUTCOME_KEYS}  # an eval.json written before the parts were
     assert set(compare_runs(old, after, resamples=200)) == {"reward", "em", "precision"}
     assert statistics_of(old, after) == ["reward", "em", "precision"]
+
+
+def read(answer: str | None, opened: tuple[int, ...]) -> SimpleNamespace:
+    info = {"answer": answer, "metrics": {"em": 0.0}, "question": "Which river flows through Berlin?",
+            "searches": [{"titles": ["Berlin", "Spree", "Danube"], "expanded": list(opened)}]}
+    return SimpleNamespace(reward=0.0, info=info)
+
+
+def test_reading_is_the_share_of_questions_that_opened_something_answered_from_the_first_title():
+    """Opening less must not read as answering worse: the statistic counts only the questions that
+    opened something, and a question that opened nothing adds to neither side of the ratio."""
+    before = question_outcomes([read("Spree", (2, 1)), read("Berlin", (2,)), read("Danube", ()), read(None, (1,))])
+    assert before["opened_any"].tolist() == [1, 1, 0, 1]
+    assert before["answered_first_opened"].tolist() == [1, 0, 0, 0]  # 2nd: shown, not opened; 4th: no answer
+    after = question_outcomes([read("Spree", (2,)), read("Berlin", ()), read("Danube", ()), read("Berlin", (1,))])
+    row = compare_runs(before, after, resamples=200)["reading"]
+    assert (row["before"], row["after"]) == (pytest.approx(1 / 3), 1.0)  # 1 of 3 opened; 2 of 2 opened
+    assert compare_runs(before, after, resamples=200)["precision"]["after"] == 0.0  # no positives recorded
 
 
 def test_the_env_reward_is_the_sum_of_its_parts(retriever, examples):

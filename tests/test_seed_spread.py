@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from envs.bootstrap import mean_of, multi_run_paired_bootstrap, paired_bootstrap, pooled_ratio, runs_and_questions_rows
-from training.seed_spread import main, verdict_auc_spread
+from training.seed_spread import main, read_run, verdict_auc_spread
 
 
 def outcomes(reward, positives, docs) -> dict[str, np.ndarray]:
@@ -119,6 +119,20 @@ def test_the_reward_parts_are_compared_where_every_run_recorded_them(tmp_path, c
     assert set(mixed["pooled"]) == {"reward", "em", "precision"}
     assert "selection" in mixed["per_run"][0] and "selection" not in mixed["per_run"][2]
     assert "selection" in capsys.readouterr().out
+
+
+def test_the_reading_outcomes_are_read_back_and_pooled_as_a_ratio(tmp_path):
+    n = 20
+    opened_before, opened_after = np.ones(n), np.r_[np.ones(5), np.zeros(n - 5)]  # after: opens on 5 only
+    before = {**outcomes(np.zeros(n), np.zeros(n), np.ones(n)), "opened_any": opened_before,
+              "answered_first_opened": np.r_[np.ones(5), np.zeros(n - 5)]}  # 5 of 20 read
+    after = {**outcomes(np.zeros(n), np.zeros(n), np.ones(n)), "opened_any": opened_after,
+             "answered_first_opened": np.r_[np.ones(4), np.zeros(n - 4)]}  # 4 of 5 read
+    folders = [write_eval(tmp_path / f"run{seed}", before, after) for seed in range(2)]
+    assert set(read_run(folders[0])["after"]) >= {"opened_any", "answered_first_opened"}
+    assert main([str(f) for f in folders] + ["--out", str(tmp_path / "reading.json")]) == 0
+    reading = json.loads((tmp_path / "reading.json").read_text())["pooled"]["reading"]
+    assert (reading["before"], reading["after"]) == (pytest.approx(0.25), pytest.approx(0.8))
 
 
 def with_verdict_auc(folder, before: float, after: float):

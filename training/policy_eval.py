@@ -13,7 +13,11 @@ reward, the mean EM, the POOLED selection precision (positives opened / document
 resampled questions, as :func:`training.rollout.rollout_stats` pools it) and the means of the two
 parts, so a change of the reward can be read apart from the answers that flipped. An ``eval.json``
 written before the parts were recorded has the first four outcomes only: its comparisons have the
-first three statistics (:func:`statistics_of`).
+first three statistics (:func:`statistics_of`). Since 2026-12-04 each question also records whether the
+episode opened anything and whether its answer is the title of the first passage it opened
+(:func:`training.reader_study.answer_source`); ``reading`` pools them (answers from the first opened
+title / questions that opened something), so a change in what the answers come from can be read apart
+from a change in how much is opened.
 """
 from __future__ import annotations
 
@@ -24,10 +28,13 @@ import numpy as np
 
 from envs.bootstrap import PairedDifference, Statistic, mean_of, pooled_ratio
 from envs.bootstrap import paired_bootstrap as shared_paired_bootstrap
+from training.reader_study import answer_source, opened_and_shown
 
 CORE_OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")  # in every eval.json
 REWARD_PART_KEYS = ("selection_reward", "format_reward")  # recorded since 2026-12-03
-OUTCOME_KEYS = CORE_OUTCOME_KEYS + REWARD_PART_KEYS
+READING_KEYS = ("opened_any", "answered_first_opened")  # recorded since 2026-12-04 (README run 36)
+OPTIONAL_OUTCOME_KEYS = REWARD_PART_KEYS + READING_KEYS  # read where an eval.json has them
+OUTCOME_KEYS = CORE_OUTCOME_KEYS + OPTIONAL_OUTCOME_KEYS
 
 
 def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
@@ -39,6 +46,9 @@ def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
         "docs_read": np.array([e.info.get("docs_read", 0) for e in episodes], dtype=np.float64),
         "selection_reward": np.array([reward_part(e, "selection") for e in episodes], dtype=np.float64),
         "format_reward": np.array([reward_part(e, "format") for e in episodes], dtype=np.float64),
+        "opened_any": np.array([bool(opened_and_shown(e.info)[0]) for e in episodes], dtype=np.float64),
+        "answered_first_opened": np.array([answer_source(e.info) == "first_opened" for e in episodes],
+                                          dtype=np.float64),
     }
 
 
@@ -87,7 +97,8 @@ def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
 # (numerator, denominator), their pooled ratio (precision: positives opened / documents read)
 STATISTIC_KEYS: dict[str, tuple[str, ...]] = {
     "reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),
-    "selection": ("selection_reward",), "format": ("format_reward",)}
+    "selection": ("selection_reward",), "format": ("format_reward",),
+    "reading": ("answered_first_opened", "opened_any")}
 STATISTICS: dict[str, Statistic] = {name: mean_of(*keys) if len(keys) == 1 else pooled_ratio(*keys)
                                     for name, keys in STATISTIC_KEYS.items()}
 

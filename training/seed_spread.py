@@ -32,7 +32,7 @@ import numpy as np
 
 from envs.atomic import write_json_atomic
 from envs.bootstrap import bootstrap_interval, mean_of, multi_run_paired_bootstrap
-from training.policy_eval import CORE_OUTCOME_KEYS, REWARD_PART_KEYS, STATISTICS, compare_runs, statistics_of
+from training.policy_eval import CORE_OUTCOME_KEYS, OPTIONAL_OUTCOME_KEYS, STATISTICS, compare_runs, statistics_of
 
 
 class RunFolderError(ValueError):
@@ -41,14 +41,15 @@ class RunFolderError(ValueError):
 
 def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
     """A run's per-question outcomes {"before": {key: (n,)}, "after": {key: (n,)}} from its ``eval.json``:
-    :data:`~training.policy_eval.CORE_OUTCOME_KEYS`, and the reward's parts where both sides have them."""
+    :data:`~training.policy_eval.CORE_OUTCOME_KEYS`, and the optional ones (the reward's parts, the
+    reading outcomes) where both sides have them."""
     path = Path(folder) / "eval.json"
     if not path.is_file():
         raise RunFolderError(f"{path}: no eval.json (the run has not finished its evaluation after PPO, or "
                              f"ran with eval_questions: 0)")
     try:
         per_question = json.loads(path.read_text())["per_question"]
-        parts = [k for k in REWARD_PART_KEYS if all(k in per_question[side] for side in ("before", "after"))]
+        parts = [k for k in OPTIONAL_OUTCOME_KEYS if all(k in per_question[side] for side in ("before", "after"))]
         return {side: {k: np.asarray(per_question[side][k], dtype=np.float64) for k in (*CORE_OUTCOME_KEYS, *parts)}
                 for side in ("before", "after")}
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
