@@ -74,11 +74,8 @@ def rescore_run(folder: Path, positive_opened_bonus: float | None = None,
     """{"run": the run's (α, β), "as": the weights applied, "comparison": :func:`compare_runs` of the
     rescored outcomes} for one run folder."""
     reward, seed = run_reward_config(folder)
-    other = dataclasses.replace(
-        reward,
-        positive_opened_bonus=reward.positive_opened_bonus if positive_opened_bonus is None else positive_opened_bonus,
-        negative_opened_penalty=(reward.negative_opened_penalty if negative_opened_penalty is None
-                                 else negative_opened_penalty))
+    asked = {"positive_opened_bonus": positive_opened_bonus, "negative_opened_penalty": negative_opened_penalty}
+    other = dataclasses.replace(reward, **{name: value for name, value in asked.items() if value is not None})
     sides = read_run(folder)
     before, after = (rescored(sides[side], reward, other) for side in ("before", "after"))
     return {"run": (reward.positive_opened_bonus, reward.negative_opened_penalty),
