@@ -19,9 +19,9 @@ def counting(backend: HFBackend) -> list[int]:
     session = backend._prefix_cache.session
     prefill_group = session._prefill_group
 
-    def spy(contexts, parked, new, room):
+    def spy(contexts, parked, new, room, keys):
         columns.append(len(contexts) * new)
-        return prefill_group(contexts, parked, new, room)
+        return prefill_group(contexts, parked, new, room, keys)
 
     session._prefill_group = spy
     return columns

@@ -83,6 +83,9 @@ class PPOConfig:
     # run the actor's frozen bottom layers (below LoRA's lora.top_layers) once per update, not once per
     # PPO epoch (training/frozen_prefix.py); costs B x T x hidden activations of memory per update
     cache_frozen_layers: bool = False
+    # with the cache and the HF rollout engine: take those states from the rollout, which ran the same
+    # layers over the same tokens (training/rollout_states.py); equal up to float noise, not bit for bit
+    reuse_rollout_states: bool = True
     logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
     lora: LoraSettings = field(default_factory=LoraSettings)
     # ---- data

@@ -92,9 +92,10 @@ def _pass_through(returns_tuple: bool):
 def skipping_prefix(lm: nn.Module, depth: int) -> Iterator[nn.Module]:
     """The decoder, with its first ``depth`` layers passing their input through, for the block."""
     decoder = decoder_of(lm)
-    returns_tuple = getattr(decoder, "_layers_return_tuple", None)
-    if returns_tuple is None:
-        raise RuntimeError("skipping_prefix needs a prefix_hidden pass of this model first")
+    if getattr(decoder, "_layers_return_tuple", None) is None:  # no pass yet (states from elsewhere): learn
+        one = torch.ones((1, 1), dtype=torch.long, device=decoder.get_input_embeddings().weight.device)
+        prefix_hidden(lm, one, one, 1)  # the layers' output kind from a one-token pass through layer 0
+    returns_tuple = decoder._layers_return_tuple
     skipped = list(decoder.layers[:depth])
     for layer in skipped:
         layer.forward = _pass_through(returns_tuple)

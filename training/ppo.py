@@ -124,7 +124,9 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
                                 temperature=cfg.temperature, top_p=cfg.top_p,
                                 samples_per_question=cfg.samples_per_question,
                                 seed=(cfg.seed * 100_003 + update) * 1_009 + rank,
-                                constrain_verdicts=cfg.constrain_verdicts)
+                                constrain_verdicts=cfg.constrain_verdicts,
+                                # the HF rollout keeps the trainer's frozen-layer states (training/rollout_states.py)
+                                record_states_after=run.frozen_depth if cfg.reuse_rollout_states else 0)
     t_sync = sync_rollout_weights(run.backend, run.policy)  # vLLM: the actor's current weights; hf: nothing to do
     episodes = collect_rollouts(run.backend, venv, shard, rollout_cfg, run.prompt_fn,
                                 progress="rollout" if run.accelerator.is_local_main_process else None)
@@ -251,6 +253,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         "tokens_per_s": sum(len(e.token_ids) for e in episodes) / max(timings["update_s"], 1e-9),
         **timings,
         "critic_only": float(not train_actor),
+        "reused_states": extras["reused_states"],  # share of rows whose frozen-layer states came from the rollout
     })
     stats = reduce_mean(run.accelerator, stats)
     stats.update(update=update + 1, world_size=run.accelerator.num_processes)

@@ -1,21 +1,24 @@
 """Scoring one PPO update's episodes (step 2-4 of :mod:`training.ppo`): the padded batch, the no-grad
 passes (old log-probs, reference log-probs, values; from the frozen-layer cache where LoRA trains the
-top layers only), token rewards, advantages and returns, and the importance weights with ``tis``.
+top layers only, its states taken from the rollout where it recorded them), token rewards, advantages and returns, and the importance weights with ``tis``.
 
 Every per-token tensor is (B, T−1) and position ``t`` is about token ``t+1``.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 from training.advantages import AdvantageBatch, compute_advantages, two_choice_advantages
 from training.answer_credit import with_answer_credit
 from training.dapo import overlong_penalty
-from training.frozen_prefix import prefix_hidden
+from training.frozen_prefix import decoder_of, prefix_hidden
 from training.models import sequence_values
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows, put, select
 from training.ppo_core import importance_weights, kl_penalty, token_level_rewards
 from training.ppo_setup import Run
+from training.rollout_states import covers, last_needed_position
 
 
 def set_train_mode(training: bool, *models) -> None:
@@ -25,18 +28,35 @@ def set_train_mode(training: bool, *models) -> None:
             model.train(training)
 
 
-def frozen_prefix_states(run: Run, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(B, T, H): every row's hidden states after the actor's frozen bottom layers, computed in
-    micro-batches of similar lengths (:func:`training.frozen_prefix.prefix_hidden`)."""
-    lengths = batch["attention_mask"].sum(-1)
-    states = None
-    for rows in lengths.argsort(stable=True).split(run.cfg.micro_batch_size):
+def recorded_states(episodes: list) -> list:
+    """Each batch row's states recorded by the rollout (:mod:`training.rollout_states`), or None:
+    the episodes', then their verdict rows' (the row order of :func:`episodes_to_batch`)."""
+    return ([getattr(e, "frozen_states", None) for e in episodes]
+            + [v.frozen_states for e in episodes for v in getattr(e, "verdict_rows", None) or ()])
+
+
+def frozen_prefix_states(run: Run, batch: dict[str, torch.Tensor], recorded: list | None = None
+                         ) -> tuple[torch.Tensor, float]:
+    """(B, T, H): every row's hidden states after the actor's frozen bottom layers, and the share
+    of rows that took them from the rollout (``recorded``, when they reach every position the
+    trainer reads); the other rows run those layers here, in micro-batches of similar lengths
+    (:func:`training.frozen_prefix.prefix_hidden`)."""
+    B, T = batch["input_ids"].shape
+    recorded = recorded or [None] * B
+    last = last_needed_position(batch["model_mask"]).tolist()
+    reused = [i for i in range(B) if covers(recorded[i], last[i])]
+    embeddings = decoder_of(run.policy.lm).get_input_embeddings().weight
+    states = embeddings.new_zeros((B, T, embeddings.shape[-1]))
+    for i in reused:
+        n = min(recorded[i].shape[0], T)
+        states[i, :n] = recorded[i][:n].to(device=states.device, dtype=states.dtype)
+    computed = torch.tensor(sorted(set(range(B)) - set(reused)), dtype=torch.long, device=states.device)
+    lengths = batch["attention_mask"].sum(-1)[computed]
+    for rows in computed[lengths.argsort(stable=True)].split(run.cfg.micro_batch_size) if len(computed) else ():
         mb = select(batch, rows)
         hidden = prefix_hidden(run.policy.lm, mb["input_ids"], mb["attention_mask"], run.frozen_depth)
-        if states is None:
-            states = hidden.new_zeros((*batch["input_ids"].shape, hidden.shape[-1]))
-        states[rows, :hidden.shape[1]] = hidden
-    return states
+        states[rows, :hidden.shape[1]] = hidden.to(states.dtype)
+    return states, len(reused) / max(B, 1)
 
 
 def prefix_of(run: Run, mb: dict[str, torch.Tensor]) -> dict:
@@ -61,8 +81,9 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     old_logp = torch.zeros_like(mask) if recompute else batch["sampler_logp"] * mask
     ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
     set_train_mode(False, run.actor, run.critic)
+    reused_states = math.nan
     if run.frozen_depth and (train_actor or recompute):  # the frozen bottom layers, once for the whole update
-        batch["prefix"] = frozen_prefix_states(run, batch)
+        batch["prefix"], reused_states = frozen_prefix_states(run, batch, recorded_states(episodes))
     with torch.no_grad():
         for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.micro_batch_size):
             mb = select(batch, rows)
@@ -99,5 +120,6 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
                                                            cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
-    extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats}
+    extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats,
+              "reused_states": reused_states}
     return batch, extras

@@ -29,6 +29,9 @@ EOS still goes to the env, which records an invalid action; such an EOS is not i
 answer (``terminated``) and the completion ended with ``</answer>``, the tokenizer's EOS id is
 appended as a model token with its log-prob under the sampler (:func:`eos_logprobs`: from the
 kept KV cache, one forward pass on the HF model, or ``prompt_logprobs`` on the vLLM engine).
+With ``record_states_after: d`` (the trainer's frozen depth) and the KV session, the hidden states
+after the model's first ``d`` decoder layers are kept for every token the rollout ran, and each
+episode and verdict row carries its own (``frozen_states``, :mod:`training.rollout_states`).
 
 Forced answer (``force_answer``, default off, the same setting and default as
 :class:`methods.seeds.SeedsR1`, with the same pieces from :mod:`methods.agent_loop`): when an
@@ -52,6 +55,7 @@ give if it truncated there.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections import Counter
@@ -74,10 +78,12 @@ from methods.agent_loop import (
     forced_answer_text,
     must_force_answer,
 )
+from inference.backends.hf_session import session_supported
 from methods.llm import GenerationRequest, LLMBackend
 from methods.seeds import SeedsR1
 from training.rollout_generation import TurnGenerator, end_episode, eos_logprobs, request_seed
 from training.rollout_judge import VerdictRow, judge_snapshots, judging_rows, record_judgement, verdict_reward_gaps
+from training.rollout_states import FrozenStateRecorder
 
 __all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
 
@@ -106,6 +112,8 @@ class Episode:
     choice_reward_gap: list[float] = field(default_factory=list)
     # judge_context "alone": the verdicts judged in contexts of their own (rows of their own in training)
     verdict_rows: list[VerdictRow] = field(default_factory=list)
+    # (n, H): the rollout's hidden states after the frozen layers, positions 0..n-1 (record_states_after)
+    frozen_states: Any = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -140,6 +148,7 @@ class RolloutConfig:
     force_answer: bool = FORCE_ANSWER_DEFAULT  # one action left: "<answer>" written for the model (SeedsR1's setting)
     reuse_kv_cache: bool = True  # HF backends: keep each episode's KV cache across turns (training.rollout_generation)
     constrain_verdicts: bool = True  # judgement form: each verdict is sampled among the yes/no tokens only
+    record_states_after: int = 0  # HF session: keep the states after this many decoder layers (0: none)
 
     def __post_init__(self) -> None:
         if self.max_turn_tokens < 1 or self.samples_per_question < 1:
@@ -175,6 +184,8 @@ class _Slot:
     pending_verdicts: list[tuple[int, bool]] = field(default_factory=list)  # (token position, opened) being judged
     judgements: list[tuple[int, list[tuple[int, bool]]]] = field(default_factory=list)  # (search index, verdicts)
     verdict_rows: list[VerdictRow] = field(default_factory=list)  # Episode.verdict_rows
+    frozen_states: Any = None  # Episode.frozen_states, taken when the episode ends
+    states_taken: bool = False
 
     def append(self, ids: list[int], mask: int, logprobs: list[float], choice: bool = False) -> None:
         """Tokens of the current turn: model tokens (``mask`` 1) or text it was given (0);
@@ -213,14 +224,25 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
         verdict_ids = judge_token_ids(tokenizer)
     jobs = [(g, ex) for g, ex in enumerate(examples) for _ in range(config.samples_per_question)]
     episodes: list[Episode] = []
+    recorder = state_recorder(backend, config)
     from tqdm import tqdm
 
-    with tqdm(total=len(jobs), desc=progress, unit="episode", leave=False, disable=progress is None) as bar:
+    with tqdm(total=len(jobs), desc=progress, unit="episode", leave=False, disable=progress is None) as bar, \
+            (recorder.capturing() if recorder is not None else contextlib.nullcontext()):
         for start in range(0, len(jobs), venv.num_envs):
             chunk = jobs[start:start + venv.num_envs]
-            batch = _Batch(TurnGenerator(backend, config.reuse_kv_cache), venv, config, tokenizer, eos_id, verdict_ids)
+            generator = TurnGenerator(backend, config.reuse_kv_cache, recorder)
+            batch = _Batch(generator, venv, config, tokenizer, eos_id, verdict_ids)
             episodes.extend(batch.run(chunk, start, prompt_fn, bar))
     return episodes
+
+
+def state_recorder(backend: LLMBackend, config: RolloutConfig) -> FrozenStateRecorder | None:
+    """A recorder of the states after ``record_states_after`` layers, where the backend runs a
+    local model through the KV session (else None: the trainer computes the states itself)."""
+    if not config.record_states_after or not config.reuse_kv_cache or not session_supported(backend):
+        return None
+    return FrozenStateRecorder(backend.model, config.record_states_after)
 
 
 @dataclass
@@ -252,6 +274,9 @@ class _Batch:
             if len(ids) + self.reserve > config.max_context_tokens:
                 end_episode(venv, slots[k], k, reason="context_limit")
         while True:
+            for k, s in enumerate(slots):
+                if s.done and not s.states_taken:  # before release forgets them
+                    s.frozen_states, s.states_taken = self.generator.frozen_states(k, len(s.ids)), True
             self.generator.release([k for k, s in enumerate(slots) if s.done])
             live = [k for k, s in enumerate(slots) if not s.done]
             if bar is not None:
@@ -391,7 +416,7 @@ def _episode(slot: _Slot, tokenizer: Any, reward_config: RewardConfig) -> Episod
                    text=tokenizer.decode(slot.ids, skip_special_tokens=False),
                    choice_mask=slot.choices if any(slot.choices) else [],
                    choice_reward_gap=verdict_reward_gaps(slot, len(slot.ids), reward_config),
-                   verdict_rows=slot.verdict_rows)
+                   verdict_rows=slot.verdict_rows, frozen_states=slot.frozen_states)
 
 
 # ------------------------------------------------------------------------------ statistics

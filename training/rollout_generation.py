@@ -27,9 +27,16 @@ from methods.llm import GenerationRequest, GenerationResult, LLMBackend
 class TurnGenerator:
     """One batch of episodes' access to the model. ``keys`` name the episodes (stable across turns)."""
 
-    def __init__(self, backend: LLMBackend, reuse_kv_cache: bool = True):
+    def __init__(self, backend: LLMBackend, reuse_kv_cache: bool = True, recorder: Any = None):
         self.backend = backend
-        self.session = backend.session() if reuse_kv_cache and session_supported(backend) else None
+        self.session = (backend.session(observer=recorder) if reuse_kv_cache and session_supported(backend)
+                        else None)
+        self.recorder = recorder if self.session is not None else None  # training.rollout_states
+
+    def frozen_states(self, key: Hashable, length: int) -> Any:
+        """The recorded states of row ``key``'s first positions ((n, H), n ≤ ``length``), or None
+        when nothing is recorded (no recorder, or a backend without a session)."""
+        return self.recorder.take(key, length) if self.recorder is not None else None
 
     def generate(self, requests: list[GenerationRequest], keys: Sequence[Hashable]) -> list[GenerationResult]:
         """One completion per request, request ``i`` continuing episode ``keys[i]``."""
@@ -47,9 +54,11 @@ class TurnGenerator:
         return _eos_from_logits(logits, eos_id, (temperature, top_k, top_p) if processed else None)
 
     def release(self, keys: Sequence[Hashable]) -> None:
-        """Episodes that ended: their caches are no longer needed."""
+        """Episodes that ended: their caches (and any states not taken) are no longer needed."""
         if self.session is not None:
             self.session.release(keys)
+        if self.recorder is not None:
+            self.recorder.forget(list(keys))
 
 
 def eos_logprobs(backend: LLMBackend, sequences: list[list[int]], eos_id: int, temperature: float = 1.0,

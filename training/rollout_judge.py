@@ -17,8 +17,9 @@ same tokens in evaluation, and :func:`training.trajectories.tokenize_trajectory`
 
 With ``EnvConfig.judge_context = "alone"`` each candidate is judged in a short context of its own
 (:func:`envs.protocol.judge_alone_prompts`: the candidate, then the question), all candidates of
-all live episodes in ONE plain ``backend.generate`` call; each becomes a :class:`VerdictRow` of the
-episode (its context and verdict token, a row of its own in the trainer's batch). The episode's
+all live episodes in ONE generation call (each a session row of its own, released after); each
+becomes a :class:`VerdictRow` of the episode (its context and verdict token, a row of its own in
+the trainer's batch; with a recorder, its frozen-layer states too). The episode's
 stream shows the snapshot as an observation and then the expand those verdicts make, as text the
 model did not write (loss mask 0). :func:`methods.seeds.judge_alone_snapshot` does the same in
 evaluation.
@@ -45,6 +46,7 @@ class VerdictRow:
     logprob: float
     reward_gap: float = 0.0
     positive: bool | None = None  # its candidate's label, once the env accepted the judgement (None: not counted)
+    frozen_states: Any = None  # (n, H) tensor: the rollout's states after the frozen layers (training.rollout_states)
 
 
 def judging_rows(observations: list[str], rows: list[int]) -> dict[int, str]:
@@ -104,7 +106,7 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
     own context, all in one generation call; the expand each row's verdicts make is appended to its
     stream as text the model did not write. Returns row -> that expand action."""
     config, tokenizer = batch.config, batch.tokenizer
-    requests, owners = [], []
+    requests, owners, keys = [], [], []
     for k, observation in pending.items():
         slot = slots[k]
         for i, text in enumerate(judge_alone_prompts(slot.example.question, observation)):
@@ -114,9 +116,10 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
                                               top_p=config.top_p, top_k=config.top_k, seed=seed,
                                               allowed_token_ids=batch.verdict_ids))
             owners.append(k)
-    results = batch.generator.backend.generate(requests) if requests else []
+            keys.append(("verdict", k, slot.turn, i))  # a session row of its own, released below
+    results = batch.generator.generate(requests, keys) if requests else []
     words: dict[int, list[str]] = {k: [] for k in pending}
-    for k, request, result in zip(owners, requests, results):
+    for k, key, request, result in zip(owners, keys, requests, results):
         completion, slot = result.completions[0], slots[k]
         if slot.done:
             continue
@@ -125,10 +128,12 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
             slot.info["error"] = completion.error or "the verdict was not one token"
             continue
         slot.verdict_rows.append(VerdictRow(list(request.prompt) + list(completion.token_ids),
-                                            float(completion.logprobs[0])))
+                                            float(completion.logprobs[0]),
+                                            frozen_states=batch.generator.frozen_states(key, len(request.prompt) + 1)))
         words[k].append(tokenizer.decode(completion.token_ids))
         opened = words[k][-1].strip().lower() == JUDGE_WORDS[0].strip()
         slot.pending_verdicts.append((len(slot.verdict_rows) - 1, opened))
+    batch.generator.release(keys)
     actions = {}
     for k, chosen in words.items():
         action = judgement_action(chosen)

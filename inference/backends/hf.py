@@ -177,10 +177,11 @@ class HFBackend(LLMBackend):
             return self._prefix_cache.generate(requests)
         return self._generate(requests, self._decode)
 
-    def session(self) -> Any:
+    def session(self, observer: Callable | None = None) -> Any:
         """A :class:`~inference.backends.hf_session.HFSession`: multi-turn generation that keeps each
-        row's KV cache between calls (token-id prompts that extend the previous call's)."""
-        return HFSession(self)
+        row's KV cache between calls (token-id prompts that extend the previous call's); ``observer``:
+        told which tokens each row ran after every forward pass (see the session)."""
+        return HFSession(self, observer)
 
     # ----------------------------------------------------------------------------- internals
 

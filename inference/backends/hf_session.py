@@ -31,12 +31,18 @@ exactly the attention pattern of a left-padded prompt, with positions ``cumsum(m
 holds for sliding-window layers too (the window compares cache indices, and with no holes their
 differences are position differences), so Gemma 3 uses the session like Llama.
 
+An ``observer`` (optional) is told after every forward pass which tokens each row ran: a list,
+in batch order, of ``(key, first, count)``: row ``i`` of that pass ran positions ``first ..
+first + count - 1`` of row ``key``'s context, in its last ``count`` input columns (so a forward
+hook on a decoder layer can keep each row's hidden states by position;
+:mod:`training.rollout_states` keeps the frozen bottom layers' states for the trainer).
+
 Supported when the backend has the growing cache (transformers >= 4.56) and every layer is an
 attention layer (:func:`session_supported`); otherwise callers keep calling ``generate``.
 """
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -83,11 +89,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class HFSession:
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, observer: Callable[[list[tuple[Hashable, int, int]]], None] | None = None):
         if not session_supported(backend):
             raise ValueError("this backend or model cannot keep KV caches across calls (see session_supported)")
         self.backend = backend
         self.parked: dict[Hashable, _Parked] = {}
+        self.observer = observer  # told (key, first position, count) per row after every forward pass
 
     # ----------------------------------------------------------------------------- public API
 
@@ -117,7 +124,8 @@ class HFSession:
             for first in range(0, len(by_length), backend.max_batch_size):
                 batch = by_length[first:first + backend.max_batch_size]
                 contexts = [list(sequences[i]) for i in batch]
-                order, logits, mask, cache = self._prefill(contexts, [taken.get(keys[i]) for i in batch], 0)
+                order, logits, mask, cache = self._prefill(contexts, [taken.get(keys[i]) for i in batch], 0,
+                                                           [keys[i] for i in batch])
                 for row, j in enumerate(order):
                     out[batch[j]] = logits[row]
                     self._park(keys[batch[j]], contexts[j], cache, row, mask)
@@ -139,7 +147,8 @@ class HFSession:
         finished row's cache under its key."""
         backend = self.backend
         room = max(row.limit for row in rows)
-        order, logits, mask, cache = self._prefill([row.prompt for row in rows], [taken.get(k) for k in keys], room)
+        order, logits, mask, cache = self._prefill([row.prompt for row in rows], [taken.get(k) for k in keys], room,
+                                                   keys)
         rows, keys = [rows[i] for i in order], [keys[i] for i in order]
         next_position = mask.sum(-1, keepdim=True)  # [b, 1]
         live = list(range(len(rows)))  # indices into rows, in batch order
@@ -158,6 +167,8 @@ class HFSession:
                 live = [live[k] for k in keep]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
             logits = backend._forward(tokens[:, None], mask, next_position, cache)
+            if self.observer is not None:  # each live row ran its newest token
+                self.observer([(keys[i], len(rows[i].prompt) + len(rows[i].token_ids) - 1, 1) for i in live])
             next_position = next_position + 1
 
     @staticmethod
@@ -174,8 +185,8 @@ class HFSession:
             return 0
         return min(common_prefix(parked.ids, context), len(context) - 1)
 
-    def _prefill(self, contexts: list[list[int]], parked: list[_Parked | None],
-                 room: int) -> tuple[list[int], torch.Tensor, torch.Tensor, Any]:
+    def _prefill(self, contexts: list[list[int]], parked: list[_Parked | None], room: int,
+                 keys: Sequence[Hashable]) -> tuple[list[int], torch.Tensor, torch.Tensor, Any]:
         """Run what each row's cache lacks of its context, in groups of similar counts.
 
         ``room``: decoding steps to reserve in the cache. Returns ``order`` (row ``r`` of the
@@ -186,12 +197,13 @@ class HFSession:
         counts = [len(c) - self._reusable(p, c) for c, p in zip(contexts, parked)]
         order = sorted(range(len(contexts)), key=lambda i: -counts[i])
         contexts, parked, counts = [contexts[i] for i in order], [parked[i] for i in order], [counts[i] for i in order]
+        keys = [keys[i] for i in order]
         groups = prefill_groups(counts)
         single = len(groups) == 1
         logits, masks, caches = [], [], []
         for start, end in groups:
             logit, mask, cache = self._prefill_group(contexts[start:end], parked[start:end], counts[start],
-                                                     room if single else 0)
+                                                     room if single else 0, keys[start:end])
             logits.append(logit)
             masks.append(mask)
             caches.append(cache)
@@ -202,7 +214,7 @@ class HFSession:
         return order, torch.cat(logits), torch.cat(masks), merge_left_padded(caches, width + room)
 
     def _prefill_group(self, contexts: list[list[int]], parked: list[_Parked | None], new: int,
-                       room: int) -> tuple[torch.Tensor, torch.Tensor, Any]:
+                       room: int, keys: Sequence[Hashable]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One forward pass over ``new`` input columns for rows that each keep the first
         ``len(context) - new`` cached tokens (or none, left-padding a short context).
 
@@ -224,7 +236,10 @@ class HFSession:
             mask[i, width + new - len(tail):] = 1
         ids, mask = ids.to(backend.device), mask.to(backend.device)
         position = (mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
-        return backend._forward(ids, mask, position, cache), mask, cache
+        logits = backend._forward(ids, mask, position, cache)
+        if self.observer is not None:  # row i ran its context from position kept[i] on (its tail)
+            self.observer([(key, keep, len(context) - keep) for key, context, keep in zip(keys, contexts, kept)])
+        return logits, mask, cache
 
     @staticmethod
     def _fill(cache: Any, parked: list[_Parked | None], kept: list[int], width: int, capacity: int) -> None:
