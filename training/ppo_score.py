@@ -1,6 +1,7 @@
 """Scoring one PPO update's episodes (step 2-4 of :mod:`training.ppo`): the padded batch, the no-grad
 passes (old log-probs, reference log-probs, values; from the frozen-layer cache where LoRA trains the
-top layers only, its states taken from the rollout where it recorded them), token rewards, advantages and returns, and the importance weights with ``tis``.
+top layers only, its states taken from the rollout where it recorded them), token rewards,
+advantages and returns, and the importance weights with ``tis``.
 
 Every per-token tensor is (B, T−1) and position ``t`` is about token ``t+1``.
 """

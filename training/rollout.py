@@ -69,6 +69,7 @@ from envs.report import summarize_episodes
 from envs.rewards import RewardConfig
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
+from inference.backends.hf_session import session_supported
 from methods.agent_loop import (
     FORCE_ANSWER_DEFAULT,
     FORCED_ANSWER_MAX_TOKENS,
@@ -78,7 +79,6 @@ from methods.agent_loop import (
     forced_answer_text,
     must_force_answer,
 )
-from inference.backends.hf_session import session_supported
 from methods.llm import GenerationRequest, LLMBackend
 from methods.seeds import SeedsR1
 from training.rollout_generation import TurnGenerator, end_episode, eos_logprobs, request_seed
