@@ -5,6 +5,7 @@ and the trainer takes them instead of running those layers again."""
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
 from training.frozen_prefix import prefix_hidden
 from training.ppo_batch import episodes_to_batch
+from training.ppo_score import frozen_prefix_states, recorded_states
 from training.rollout import RolloutConfig, collect_rollouts
 from training.rollout_states import FrozenStateRecorder, covers, last_needed_position
 
@@ -81,9 +83,8 @@ def test_nothing_recorded_when_off_or_without_the_session(random_lm, tokenizer, 
         assert all(v.frozen_states is None for e in episodes for v in e.verdict_rows)
 
 
-def test_recorder_keeps_the_longest_run_from_position_zero():
-    recorder = FrozenStateRecorder.__new__(FrozenStateRecorder)
-    recorder.pieces = {}
+def test_recorder_keeps_the_longest_run_from_position_zero(random_lm):  # noqa: F811
+    recorder = FrozenStateRecorder(random_lm, 1)
     recorder.last = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)  # (b, t, H)
     recorder([("a", 0, 3), ("b", 0, 2)])  # row a ran positions 0-2; row b positions 0-1 (left-padded)
     recorder.last = torch.full((2, 1, 2), -1.0)
@@ -102,10 +103,6 @@ def test_last_needed_position_is_before_the_last_model_token():
 
 
 def test_batch_rows_take_the_recorded_states(random_lm, tokenizer, retriever, examples):  # noqa: F811
-    from types import SimpleNamespace
-
-    from training.ppo_score import frozen_prefix_states, recorded_states
-
     episodes = alone_rollouts(random_lm, tokenizer, retriever, examples, depth=1)
     batch = episodes_to_batch(episodes, tokenizer.pad_token_id, "cpu")
     run = SimpleNamespace(policy=SimpleNamespace(lm=random_lm), frozen_depth=1,
