@@ -16,7 +16,8 @@ from methods.llm import GenerationRequest
 class FakeServer:
     """Answers each POST with ``script(path, body, attempt)`` -> ``(status, json_body, delay_s)``.
 
-    Records every request (path, body, headers) and the largest number handled at once.
+    Records every request (path, body, headers) and the largest number handled at once (from arrival
+    until the reply is ready).
     """
 
     def __init__(self, script):
@@ -41,7 +42,14 @@ class FakeServer:
                 try:
                     status, reply, delay = server.script(self.path, body, attempt)
                     time.sleep(delay)
-                    data = json.dumps(reply).encode()
+                finally:
+                    # Counted out before the reply leaves: once the client has read it, it may send its
+                    # next request before this thread runs again, which must not look like one more
+                    # request at once.
+                    with server.lock:
+                        server.in_flight -= 1
+                data = json.dumps(reply).encode()
+                try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
@@ -49,9 +57,6 @@ class FakeServer:
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
                     pass
-                finally:
-                    with server.lock:
-                        server.in_flight -= 1
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
