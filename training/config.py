@@ -77,6 +77,9 @@ class PPOConfig:
     sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
     require_sft_checkpoint: bool = False  # true: refuse to start without sft_checkpoint (no quick warm start)
     sft: dict[str, Any] = field(default_factory=dict)  # WarmStartConfig overrides for it (--sft.epochs 1)
+    # reuse a warm start trained from the same inputs, and its greedy evaluation before PPO, from an
+    # earlier run (the seeds-rl cache; keys over config, data, code and versions: training/warm_start_cache.py)
+    cache_warm_start: bool = True
     dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it; "native": bf16 also on bf16 CPUs
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False

@@ -77,7 +77,7 @@ from training.ppo_core import (
 )
 from training.ppo_report import ROLLOUT_KEYS, format_update_stats, report_before_after, write_update_logs
 from training.ppo_score import prefix_of, score
-from training.ppo_setup import Run, evaluate, set_up
+from training.ppo_setup import Run, evaluate, evaluate_before, set_up
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 from training.rollout_engine import close_rollout_backend, sync_rollout_weights
 
@@ -279,10 +279,12 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         accelerator.print(f"[ppo] resumed from {resume_from} (update {start_update}, data position {data_position})")
     eval_start = outcomes_start = None
     if run.eval_examples:
-        eval_start, outcomes_start = evaluate(run)
+        eval_start, outcomes_start = evaluate_before(run, resumed=resume_from is not None)
         accelerator.print(f"[ppo] eval before (update {start_update}): EM {eval_start['em']:.3f} "
                           f"selection precision {eval_start['selection_precision']:.3f} "
-                          f"reward {eval_start['reward_mean']:.3f} on {len(run.eval_examples)} held-out questions")
+                          f"reward {eval_start['reward_mean']:.3f} on {len(run.eval_examples)} held-out questions"
+                          + (f" (an earlier run's evaluation of the same weights: {eval_start['cached_from']})"
+                             if "cached_from" in eval_start else ""))
 
     history = []
     bar = tqdm(range(start_update, cfg.updates), initial=start_update, total=cfg.updates, desc="ppo",

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 import yaml
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 
 from envs.config import EnvConfig
 from envs.protocol import judge_token_ids
-from training import sft
+from training import sft, warm_start_cache
 from training.checkpoint import load_latest
 from training.config import PPOConfig, save_resolved, to_dict
 from training.cpu_threads import use_all_cores
@@ -69,6 +69,7 @@ class Run:
     schedulers: dict = dataclasses.field(default_factory=dict)
     backend: Any = None
     frozen_depth: int = 0  # cache_frozen_layers: the actor's bottom layers run once per update
+    initial_weights: str | None = None  # the folder the actor was built from (the SFT checkpoint), if any
 
     @property
     def pad_id(self) -> int:
@@ -93,7 +94,8 @@ def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None, examples: list | None
     the training questions (``examples``), never on held-out ones."""
     if cfg.sft_checkpoint or not cfg.sft_warm_start:
         return cfg
-    path = sft.warm_start(cfg, retriever=retriever, examples=examples)
+    with warm_start_cache.preserved_rng():  # the run goes on the same whether it trained or reused its warm start
+        path = sft.warm_start(cfg, retriever=retriever, examples=examples)
     if path:
         print(f"[ppo] SFT warm start -> {path}", flush=True)
         return dataclasses.replace(cfg, sft_checkpoint=str(path))
@@ -138,9 +140,11 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
         loaded_train, loaded_eval = load_train_and_held_out(cfg)
         examples = loaded_train if examples is None else examples
         eval_examples = loaded_eval if eval_examples is None else eval_examples
+    initial_weights = None
     if models is None:
         cfg = resolve_sft_checkpoint(cfg, retriever, examples)
         models = build_models(cfg, device=str(accelerator.device))
+        initial_weights = cfg.sft_checkpoint if cfg.sft_checkpoint and Path(cfg.sft_checkpoint).is_dir() else None
     out = Path(cfg.output_dir)
     if accelerator.is_main_process:
         save_resolved(cfg, out)
@@ -153,7 +157,8 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     run = Run(cfg=cfg, accelerator=accelerator, out=out, retriever=retriever, examples=examples,
               eval_examples=eval_examples, models=models, env_config=env_config,
               prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.questions_per_update // W,
-              choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device))
+              choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device),
+              initial_weights=initial_weights)
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
     run.backend = build_rollout_backend(cfg, run.policy, models.tokenizer, accelerator)
@@ -168,4 +173,24 @@ def evaluate(run: Run) -> tuple[dict, dict]:
     return evaluate_policy(run.backend, run.retriever, run.env_config, run.eval_examples, run.cfg, run.accelerator,
                            run.prompt_fn, run.models.tokenizer)
 
+
+def evaluate_before(run: Run, resumed: bool) -> tuple[dict, dict]:
+    """The greedy evaluation before PPO. With ``cache_warm_start``, on a fresh run whose actor was
+    built from a checkpoint folder: the evaluation an earlier run made of the same weights under the
+    same settings (:func:`training.warm_start_cache.evaluation_key`; its stats name the entry as
+    ``cached_from``), or this one, kept for later runs. The main process's answer holds for all."""
+    cfg, key, cached = run.cfg, None, None
+    if cfg.cache_warm_start and not resumed and run.initial_weights and warm_start_cache.usable():
+        if run.accelerator.is_main_process:
+            key = warm_start_cache.evaluation_key(cfg, run.env_config, run.initial_weights, run.eval_examples)
+            cached = warm_start_cache.load_evaluation(key)
+        if run.accelerator.num_processes > 1:
+            cached = broadcast_object_list([cached])[0]
+    if cached is not None:
+        return cached
+    with warm_start_cache.preserved_rng():  # PPO draws the same numbers whether this ran or was reused
+        stats, outcomes = evaluate(run)
+    if key is not None:
+        warm_start_cache.store_evaluation(key, stats, outcomes)
+    return stats, outcomes
 

@@ -61,6 +61,7 @@ from envs.data import load_questions
 from envs.typed_config import merge_values
 from envs.types import QAExample
 from inference.models import load_tokenizer
+from training import warm_start_cache
 from training.config import ConfigError, PPOConfig, help_text, load_config
 from training.inputs import load_env_config
 from training.sft_collect import (
@@ -95,7 +96,8 @@ def load_policy_tokenizer(config: WarmStartConfig) -> Any:
 
 
 def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = None, model: Any = None,
-        tokenizer: Any = None, examples: Sequence[QAExample] | None = None, llm: Any = None) -> dict:
+        tokenizer: Any = None, examples: Sequence[QAExample] | None = None, llm: Any = None,
+        cache: bool = False) -> dict:
     """The whole warm start: collect (or read ``config.trajectories``), filter, split, train.
 
     Writes into ``output_dir``: ``config.yaml`` (resolved), ``trajectories.jsonl`` (all, with the
@@ -103,7 +105,9 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
     (acceptance rate, rejection reasons, questions used, whether ``target_accepted`` was reached),
     then the model (``model/``; ``adapter/`` too with LoRA) and ``sft_summary.json``. The envs of
     the collection count observation caps in the policy's tokens (``tokenizer``, else
-    ``config.model``'s).
+    ``config.model``'s). ``cache``: take ``model/`` (and ``adapter/``) from an earlier warm start of
+    the same config, records, code and versions, or keep this one for later runs
+    (:mod:`training.warm_start_cache`; the summary then names the entry as ``reused_from``).
     """
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,9 +134,16 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
     print(acceptance_line(stats), flush=True)
     if collect_only:
         return {"trajectories": str(out / "trajectories.jsonl"), **stats}
+    key = warm_start_cache.warm_start_key(config, train, dev) if cache else None
+    summary = warm_start_cache.restore_warm_start(key, out) if key else None
+    if summary is not None:
+        print(f"[sft] reused the warm start trained from the same inputs: {summary['reused_from']}", flush=True)
+        return {**summary, **stats}
     if retriever is None and config.dev_eval and dev:
         retriever = load_retriever(config)
     summary = train_sft(train, dev, config, model=model, tokenizer=tokenizer, retriever=retriever, collection=stats)
+    if key:
+        warm_start_cache.store_warm_start(key, out, summary)
     return {**summary, **stats}
 
 
@@ -179,7 +190,8 @@ def warm_start(ppo_cfg: PPOConfig, retriever: Any = None, model: Any = None, tok
         retriever = load_retriever(config)
     if examples is not None and config.num_questions:
         examples = list(examples)[:config.num_questions]
-    result = run(config, retriever=retriever, model=model, tokenizer=tokenizer, examples=examples)
+    result = run(config, retriever=retriever, model=model, tokenizer=tokenizer, examples=examples,
+                 cache=ppo_cfg.cache_warm_start and warm_start_cache.usable())
     return result["model_dir"]
 
 

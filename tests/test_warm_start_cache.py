@@ -1,0 +1,118 @@
+"""``cache_warm_start``: a PPO run reuses the warm start and the evaluation before PPO that an earlier
+run computed from the same inputs, and goes on exactly as if it had computed them itself."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from tests.ppo_runs import write_tiny_run
+from training import ppo_setup, sft, warm_start_cache
+from training.config import PPOConfig, load_config
+from training.ppo import train
+
+TINY_SFT = {"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3, "num_questions": 4}
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """A tiny run with its own warm start and a greedy evaluation on the four questions; calls of
+    the SFT training and of the evaluation are counted."""
+    monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "cache"))
+    recipe = write_tiny_run(tmp_path, sft_warm_start=True, sft=TINY_SFT, eval_questions=4, updates=1,
+                            lora={"enabled": True, "r": 4, "alpha": 8, "critic": False})
+    calls = {"sft": 0, "evaluate": 0}
+
+    def counted(name, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(sft, "train_sft", counted("sft", sft.train_sft))
+    monkeypatch.setattr(ppo_setup, "evaluate_policy", counted("evaluate", ppo_setup.evaluate_policy))
+
+    def run(name, *overrides):
+        cfg = load_config(PPOConfig, ["--config", str(recipe), "--output_dir", str(tmp_path / name), *overrides])
+        before = dict(calls)
+        result = train(cfg)
+        return result, {k: calls[k] - before[k] for k in calls}
+
+    return run
+
+
+def weights(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix == ".safetensors"}
+
+
+def actor_state(result):
+    return {name: tensor.detach().clone() for name, tensor in result["models"].actor.state_dict().items()}
+
+
+def test_second_run_reuses_warm_start_and_evaluation_and_ends_the_same(tiny, tmp_path):
+    first, counts = tiny("a")
+    assert counts == {"sft": 1, "evaluate": 2}  # trained; evaluated before and after
+    assert "cached_from" not in first["eval_start"]
+    again, counts = tiny("b")
+    assert counts == {"sft": 0, "evaluate": 1}  # only the evaluation after PPO ran
+    summary = json.loads((tmp_path / "b" / "sft" / "sft_summary.json").read_text())
+    assert summary["reused_from"].startswith(str(tmp_path / "cache" / "warm_starts"))
+    assert summary["model_dir"] == str(tmp_path / "b" / "sft" / "model")
+    assert weights(tmp_path / "b" / "sft" / "model") == weights(tmp_path / "a" / "sft" / "model")
+    assert again["eval_start"].pop("cached_from").startswith(str(tmp_path / "cache" / "evaluations"))
+    assert again["eval_start"] == first["eval_start"]
+    # The random states are the same after a reused warm start and evaluation (LoRA's initialisation,
+    # the sampled episodes): PPO ends with the same weights.
+    assert again["eval_end"] == first["eval_end"]
+    first_state, again_state = actor_state(first), actor_state(again)
+    assert first_state.keys() == again_state.keys()
+    assert all(torch.equal(first_state[name], again_state[name]) for name in first_state)
+    assert [h["reward_mean"] for h in again["history"]] == [h["reward_mean"] for h in first["history"]]
+    assert again["comparison"] == first["comparison"]
+    saved = json.loads((tmp_path / "b" / "eval.json").read_text())
+    assert saved["before"]["cached_from"] == str(next((tmp_path / "cache" / "evaluations").glob("*.json")))
+
+
+def test_what_is_reused_follows_what_changed(tiny):
+    tiny("a")
+    _, counts = tiny("lr", "--lr_actor", "0.5")  # PPO only: both reused
+    assert counts == {"sft": 0, "evaluate": 1}
+    _, counts = tiny("eval", "--max_turn_tokens", "9")  # the greedy episodes can change: evaluated again
+    assert counts == {"sft": 0, "evaluate": 2}
+    _, counts = tiny("sft", "--sft.learning_rate", "0.002")  # another warm start, so another evaluation
+    assert counts == {"sft": 1, "evaluate": 2}
+    _, counts = tiny("off", "--cache_warm_start", "false")
+    assert counts == {"sft": 1, "evaluate": 2}
+
+
+def test_unreadable_entries_are_named_and_computed_again(tiny, tmp_path, capsys):
+    tiny("a")
+    for summary in (tmp_path / "cache" / "warm_starts").glob("*/sft_summary.json"):
+        summary.write_text("{not json")
+    for evaluation in (tmp_path / "cache" / "evaluations").glob("*.json"):
+        evaluation.write_text('{"stats": {}}')
+    _, counts = tiny("b")
+    assert counts == {"sft": 1, "evaluate": 2}
+    printed = capsys.readouterr().out
+    assert "cannot be read" in printed and "training it again" in printed and "evaluating again" in printed
+
+
+def test_evaluation_key_ignores_only_optimisation_settings(tmp_path):
+    names = {f.name for f in dataclasses.fields(PPOConfig)}
+    assert set(warm_start_cache.TRAINING_ONLY) <= names  # no misspelt field silently kept in the key
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    base = PPOConfig(model="m", env_config=None)
+
+    def key(cfg, content=b"weights"):
+        (folder / "model.safetensors").write_bytes(content)
+        return warm_start_cache.evaluation_key(cfg, sft.load_env_config(cfg), folder, ["q1", "q2"])
+
+    reference = key(base)
+    assert key(dataclasses.replace(base, lr_actor=0.5, updates=99, output_dir="elsewhere")) == reference
+    assert key(dataclasses.replace(base, eval_seed=7)) != reference
+    assert key(dataclasses.replace(base, env={"max_actions": 2})) != reference
+    assert key(base, content=b"other weights") != reference

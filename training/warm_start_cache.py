@@ -1,0 +1,207 @@
+"""Reusing a finished SFT warm start, and the greedy evaluation of it, across runs (``cache_warm_start``).
+
+A PPO run with no ``sft_checkpoint`` trains its own warm start (``training.sft``), then evaluates
+it greedily before PPO. Both are fixed by their inputs, so a second run that changes only the PPO
+side (a learning rate, a KL coefficient, more updates) would repeat them to the last bit. Here each
+is kept under the seeds-rl cache (``envs.paths.cache_dir``; ``SEEDS_RL_CACHE`` moves it) by a key
+over everything it was computed from:
+
+- **warm start** (``warm_starts/<key>/``: ``model/``, ``adapter/``, ``sft_summary.json``): the
+  :class:`training.sft_config.WarmStartConfig` less where it writes and how it logs, the accepted
+  trajectories it trains on (train and dev records, so questions, retriever and teacher are in it),
+  the code and library versions, the CPU thread count and the process count;
+- **evaluation before PPO** (``evaluations/<key>.json``): the digest of the warm start's weight
+  files, the PPO settings that can change a greedy episode (all of them less the optimisation-only
+  ones in :data:`TRAINING_ONLY`), the held-out questions, and the same versions, threads and processes.
+
+"The code" is every ``.py`` file of the four packages, so any edit to the project trains and
+evaluates again: a stale entry is never reused, at the price of some needless misses. Entries are
+written atomically (a folder renamed into place, a JSON file replaced); an entry that cannot be read
+is named in a message and computed again. Across nodes the cache is not used: another node's cache
+may differ, and its processes would then take different paths through collective calls.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from envs.atomic import write_json_atomic
+from envs.paths import cache_dir
+
+PACKAGES = ("envs", "methods", "inference", "training")
+LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
+# WarmStartConfig fields that say where the warm start writes or how it logs, not what it learns
+WARM_START_OUTPUT_FIELDS = ("output_dir", "report_to", "progress", "logging_steps", "trajectories")
+# PPOConfig fields that cannot change the greedy evaluation of the starting policy
+TRAINING_ONLY = (
+    "output_dir", "updates", "lr_actor", "lr_critic", "weight_decay", "warmup_updates", "clip_low", "clip_high",
+    "dual_clip", "value_clip", "vf_coef", "entropy_coef", "loss_agg", "loss_agg_norm_tokens", "kl_coef", "kl_mode",
+    "kl_estimator", "kl_tokens", "target_kl", "advantage", "grpo_std_normalize", "verdict_credit",
+    "verdict_episode_credit", "answer_credit", "gamma", "lam", "max_grad_norm", "tis", "tis_cap", "tis_low",
+    "tis_mode", "ppo_epochs", "mini_batches", "micro_batch_size", "questions_per_update", "samples_per_question",
+    "dynamic_sampling", "dynamic_sampling_max_rounds", "temperature", "top_p", "save_every", "keep_checkpoints",
+    "log_samples", "report_to", "wandb_project", "resume", "critic_warmup_updates", "old_logprobs",
+    "reuse_rollout_states", "cache_frozen_layers", "gradient_checkpointing", "train_questions", "question_seed",
+    "data", "export", "sft", "sft_warm_start", "require_sft_checkpoint", "cache_warm_start",
+    "sft_checkpoint",  # a path: the weights it holds are in the key by their digest
+)
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Python's, NumPy's and torch's (CPU and CUDA) random states as they were before the block, so
+    that what follows draws the same numbers whether the block ran or came from the cache."""
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
+
+
+def usable() -> bool:
+    """All processes of the job on this node (or no launcher at all): only then is one cache theirs."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world == int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+def is_writer() -> bool:
+    """The process that writes entries: global rank 0."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def digest(value: Any) -> str:
+    """SHA-256 of ``value`` as canonical JSON (sorted keys; anything JSON cannot hold as its ``str``)."""
+    text = json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def code_and_versions() -> dict[str, str]:
+    """The digest of the packages' source files, the library versions, threads and processes."""
+    root = Path(__file__).resolve().parent.parent
+    source = hashlib.sha256()
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            source.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return {"code": source.hexdigest(), **versions, "threads": str(torch.get_num_threads()),
+            "processes": os.environ.get("WORLD_SIZE", "1")}
+
+
+def warm_start_key(config: Any, train: Sequence[dict], dev: Sequence[dict]) -> str:
+    """The key of a warm start: its config (less output fields), its records, code and versions."""
+    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in WARM_START_OUTPUT_FIELDS}
+    return digest({"config": settings, "train": list(train), "dev": list(dev), "versions": code_and_versions()})
+
+
+def folder_digest(folder: str | Path) -> str:
+    """SHA-256 over the names and bytes of every file in ``folder`` (a model: its weights and tokenizer)."""
+    folder, total = Path(folder), hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        total.update(str(path.relative_to(folder)).encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                total.update(block)
+    return total.hexdigest()
+
+
+def evaluation_key(ppo_config: Any, env_config: Any, checkpoint: str | Path, examples: Sequence[Any]) -> str:
+    """The key of the greedy evaluation of ``checkpoint`` on ``examples`` under this run's settings."""
+    settings = {k: v for k, v in dataclasses.asdict(ppo_config).items() if k not in TRAINING_ONLY}
+    held_out = [dataclasses.asdict(e) if dataclasses.is_dataclass(e) else e for e in examples]
+    return digest({"settings": settings, "env": dataclasses.asdict(env_config), "weights": folder_digest(checkpoint),
+                   "questions": held_out, "versions": code_and_versions()})
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)  # the same bytes, no second copy on disk
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def restore_warm_start(key: str, out: Path) -> dict | None:
+    """The cached warm start of ``key`` placed into ``out`` (its ``model/``, ``adapter/``, summary);
+    its summary with ``model_dir`` in ``out`` and ``reused_from`` the entry, or None on a miss."""
+    entry = cache_dir("warm_starts") / key
+    try:
+        summary = json.loads((entry / "sft_summary.json").read_text())
+        model_dir = out / summary["model_dir"]
+        for name in ("model", "adapter"):
+            if (entry / name).is_dir():
+                shutil.rmtree(out / name, ignore_errors=True)
+                shutil.copytree(entry / name, out / name, copy_function=_link_or_copy)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"[sft] the cached warm start {entry} cannot be read ({err}); training it again", flush=True)
+        return None
+    summary.update(model_dir=str(model_dir), reused_from=str(entry))
+    write_json_atomic(summary, out / "sft_summary.json")
+    return summary
+
+
+def store_warm_start(key: str, out: Path, summary: dict) -> Path | None:
+    """Keep the warm start in ``out`` under ``key`` (a folder renamed into place); its entry."""
+    entry = cache_dir("warm_starts") / key
+    if entry.is_dir() or not is_writer():
+        return entry if entry.is_dir() else None
+    staging = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".{key}."))
+    try:
+        for name in ("model", "adapter"):
+            if (out / name).is_dir():
+                shutil.copytree(out / name, staging / name, copy_function=_link_or_copy)
+        kept = {k: v for k, v in summary.items() if k != "log_history"}
+        kept["model_dir"] = str(Path(summary["model_dir"]).relative_to(out))
+        write_json_atomic(kept, staging / "sft_summary.json")
+        staging.rename(entry)
+    except OSError as err:  # a full disk or a race with another run: the run goes on without caching
+        shutil.rmtree(staging, ignore_errors=True)
+        print(f"[sft] the warm start was not cached ({err})", flush=True)
+        return None
+    return entry
+
+
+def load_evaluation(key: str) -> tuple[dict, dict[str, Any]] | None:
+    """The cached ``(stats, outcomes)`` of an evaluation (outcomes as float64 arrays), or None."""
+    path = cache_dir("evaluations") / f"{key}.json"
+    try:
+        saved = json.loads(path.read_text())
+        outcomes = {name: np.asarray(values, dtype=np.float64) for name, values in saved["outcomes"].items()}
+        return {**saved["stats"], "cached_from": str(path)}, outcomes
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"[ppo] the cached evaluation {path} cannot be read ({err}); evaluating again", flush=True)
+        return None
+
+
+def store_evaluation(key: str, stats: dict, outcomes: dict[str, Any]) -> Path | None:
+    """Keep an evaluation's stats and per-question outcomes under ``key``."""
+    if not is_writer():
+        return None
+    path = cache_dir("evaluations") / f"{key}.json"
+    write_json_atomic({"stats": stats, "outcomes": {k: [float(x) for x in v] for k, v in outcomes.items()}}, path)
+    return path
