@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from tests.conftest import PASSAGES, OverlapRetriever
 from tests.ppo_runs import write_tiny_run
 from training import ppo_setup, sft, warm_start_cache
 from training.config import PPOConfig, load_config
+from training.policy_eval import OUTCOME_KEYS
 from training.ppo import train
 
 TINY_SFT = {"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3, "num_questions": 4}
@@ -99,7 +102,7 @@ def test_unreadable_entries_are_named_and_computed_again(tiny, tmp_path, capsys)
     assert "cannot be read" in printed and "training it again" in printed and "evaluating again" in printed
 
 
-def test_evaluation_key_ignores_only_optimisation_settings(tmp_path):
+def test_evaluation_key_ignores_only_optimisation_settings(tmp_path, retriever, examples):
     names = {f.name for f in dataclasses.fields(PPOConfig)}
     assert set(warm_start_cache.TRAINING_ONLY) <= names  # no misspelt field silently kept in the key
     folder = tmp_path / "weights"
@@ -107,12 +110,28 @@ def test_evaluation_key_ignores_only_optimisation_settings(tmp_path):
     (folder / "model.safetensors").write_bytes(b"weights")
     base = PPOConfig(model="m", env_config=None)
 
-    def key(cfg, content=b"weights"):
+    def key(cfg, content=b"weights", search=retriever):
         (folder / "model.safetensors").write_bytes(content)
-        return warm_start_cache.evaluation_key(cfg, sft.load_env_config(cfg), folder, ["q1", "q2"])
+        return warm_start_cache.evaluation_key(cfg, sft.load_env_config(cfg), folder, examples, search)
 
     reference = key(base)
     assert key(dataclasses.replace(base, lr_actor=0.5, updates=99, output_dir="elsewhere")) == reference
     assert key(dataclasses.replace(base, eval_seed=7)) != reference
     assert key(dataclasses.replace(base, env={"max_actions": 2})) != reference
     assert key(base, content=b"other weights") != reference
+    assert key(base, search=OverlapRetriever(PASSAGES[:-1])) != reference  # the index lost a passage
+    assert key(base, search=OverlapRetriever(PASSAGES)) == reference
+
+
+def test_a_cached_evaluation_must_hold_every_question(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "cache"))
+    stats = {"em": 0.5, "selection_precision": 0.25, "reward_mean": 0.1, "docs_read_per_question": 2.0}
+    outcomes = {name: np.arange(3, dtype=np.float64) for name in OUTCOME_KEYS}
+    warm_start_cache.store_evaluation("k", stats, outcomes)
+    loaded_stats, loaded = warm_start_cache.load_evaluation("k", 3)
+    assert loaded_stats["em"] == 0.5 and all(np.array_equal(loaded[k], outcomes[k]) for k in OUTCOME_KEYS)
+    assert warm_start_cache.load_evaluation("k", 4) is None  # another number of questions
+    assert warm_start_cache.load_evaluation("missing", 3) is None
+    warm_start_cache.store_evaluation("s", {**stats, "em": "high"}, outcomes)
+    assert warm_start_cache.load_evaluation("s", 3) is None
+    assert capsys.readouterr().out.count("evaluating again") == 2

@@ -182,8 +182,9 @@ def evaluate_before(run: Run, resumed: bool) -> tuple[dict, dict]:
     cfg, key, cached = run.cfg, None, None
     if cfg.cache_warm_start and not resumed and run.initial_weights and warm_start_cache.usable():
         if run.accelerator.is_main_process:
-            key = warm_start_cache.evaluation_key(cfg, run.env_config, run.initial_weights, run.eval_examples)
-            cached = warm_start_cache.load_evaluation(key)
+            key = warm_start_cache.evaluation_key(cfg, run.env_config, run.initial_weights, run.eval_examples,
+                                                 run.retriever)
+            cached = warm_start_cache.load_evaluation(key, len(run.eval_examples))
         if run.accelerator.num_processes > 1:
             cached = broadcast_object_list([cached])[0]
     if cached is not None:

@@ -12,13 +12,17 @@ over everything it was computed from:
   the code and library versions, the CPU thread count and the process count;
 - **evaluation before PPO** (``evaluations/<key>.json``): the digest of the warm start's weight
   files, the PPO settings that can change a greedy episode (all of them less the optimisation-only
-  ones in :data:`TRAINING_ONLY`), the held-out questions, and the same versions, threads and processes.
+  ones in :data:`TRAINING_ONLY`), the held-out questions, what the retriever returns for each of
+  them (:func:`retrieval_probe`: a rebuilt index at the same path is a miss), and the same
+  versions, threads and processes.
 
 "The code" is every ``.py`` file of the four packages, so any edit to the project trains and
 evaluates again: a stale entry is never reused, at the price of some needless misses. Entries are
 written atomically (a folder renamed into place, a JSON file replaced); an entry that cannot be read
-is named in a message and computed again. Across nodes the cache is not used: another node's cache
-may differ, and its processes would then take different paths through collective calls.
+is named in a message and computed again. Entries are copied in and out (not hard-linked), so that
+writing into a run's ``sft/`` folder can never change what a later run reuses. Across nodes the cache
+is not used: another node's cache may differ, and its processes would then take different paths
+through collective calls.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import torch
 
 from envs.atomic import write_json_atomic
 from envs.paths import cache_dir
+from training.policy_eval import OUTCOME_KEYS
 
 PACKAGES = ("envs", "methods", "inference", "training")
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
@@ -58,6 +63,10 @@ TRAINING_ONLY = (
     "data", "export", "sft", "sft_warm_start", "require_sft_checkpoint", "cache_warm_start",
     "sft_checkpoint",  # a path: the weights it holds are in the key by their digest
 )
+
+
+# the before-evaluation stats the trainer prints and compares, whatever else a cached entry holds
+STATS_READ = ("em", "selection_precision", "reward_mean", "docs_read_per_question")
 
 
 @contextlib.contextmanager
@@ -127,19 +136,22 @@ def folder_digest(folder: str | Path) -> str:
     return total.hexdigest()
 
 
-def evaluation_key(ppo_config: Any, env_config: Any, checkpoint: str | Path, examples: Sequence[Any]) -> str:
+def retrieval_probe(retriever: Any, questions: Sequence[str], k: int) -> list[list[tuple]]:
+    """What ``retriever`` returns for each held-out question (id, title, text digest, score to 4
+    places): the index and encoder's identity as the episodes see it, wherever they live."""
+    hits = retriever.search(list(questions), k)
+    return [[(hit.id, hit.title, hashlib.sha256(hit.text.encode()).hexdigest(), round(float(hit.score), 4))
+             for hit in row] for row in hits]
+
+
+def evaluation_key(ppo_config: Any, env_config: Any, checkpoint: str | Path, examples: Sequence[Any],
+                   retriever: Any) -> str:
     """The key of the greedy evaluation of ``checkpoint`` on ``examples`` under this run's settings."""
     settings = {k: v for k, v in dataclasses.asdict(ppo_config).items() if k not in TRAINING_ONLY}
-    held_out = [dataclasses.asdict(e) if dataclasses.is_dataclass(e) else e for e in examples]
+    held_out = [dataclasses.asdict(e) for e in examples]
+    probe = retrieval_probe(retriever, [e.question for e in examples], env_config.candidates_per_search)
     return digest({"settings": settings, "env": dataclasses.asdict(env_config), "weights": folder_digest(checkpoint),
-                   "questions": held_out, "versions": code_and_versions()})
-
-
-def _link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)  # the same bytes, no second copy on disk
-    except OSError:
-        shutil.copy2(source, target)
+                   "questions": held_out, "retrieval": probe, "versions": code_and_versions()})
 
 
 def restore_warm_start(key: str, out: Path) -> dict | None:
@@ -152,7 +164,7 @@ def restore_warm_start(key: str, out: Path) -> dict | None:
         for name in ("model", "adapter"):
             if (entry / name).is_dir():
                 shutil.rmtree(out / name, ignore_errors=True)
-                shutil.copytree(entry / name, out / name, copy_function=_link_or_copy)
+                shutil.copytree(entry / name, out / name, copy_function=shutil.copy2)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -172,7 +184,7 @@ def store_warm_start(key: str, out: Path, summary: dict) -> Path | None:
     try:
         for name in ("model", "adapter"):
             if (out / name).is_dir():
-                shutil.copytree(out / name, staging / name, copy_function=_link_or_copy)
+                shutil.copytree(out / name, staging / name, copy_function=shutil.copy2)
         kept = {k: v for k, v in summary.items() if k != "log_history"}
         kept["model_dir"] = str(Path(summary["model_dir"]).relative_to(out))
         write_json_atomic(kept, staging / "sft_summary.json")
@@ -184,17 +196,21 @@ def store_warm_start(key: str, out: Path, summary: dict) -> Path | None:
     return entry
 
 
-def load_evaluation(key: str) -> tuple[dict, dict[str, Any]] | None:
-    """The cached ``(stats, outcomes)`` of an evaluation (outcomes as float64 arrays), or None."""
+def load_evaluation(key: str, questions: int) -> tuple[dict, dict[str, Any]] | None:
+    """The cached ``(stats, outcomes)`` of an evaluation of ``questions`` questions (outcomes as
+    float64 arrays, one value per question for each of :data:`OUTCOME_KEYS`), or None."""
     path = cache_dir("evaluations") / f"{key}.json"
     try:
         saved = json.loads(path.read_text())
-        outcomes = {name: np.asarray(values, dtype=np.float64) for name, values in saved["outcomes"].items()}
-        return {**saved["stats"], "cached_from": str(path)}, outcomes
+        stats = saved["stats"] | {name: float(saved["stats"][name]) for name in STATS_READ}
+        outcomes = {name: np.asarray(saved["outcomes"][name], dtype=np.float64) for name in OUTCOME_KEYS}
+        if any(values.shape != (questions,) for values in outcomes.values()):
+            raise ValueError(f"not {questions} outcomes per statistic")
+        return {**stats, "cached_from": str(path)}, outcomes
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
-        print(f"[ppo] the cached evaluation {path} cannot be read ({err}); evaluating again", flush=True)
+        print(f"[ppo] the cached evaluation {path} cannot be read ({err!r}); evaluating again", flush=True)
         return None
 
 
