@@ -135,3 +135,21 @@ def test_a_cached_evaluation_must_hold_every_question(tmp_path, monkeypatch, cap
     warm_start_cache.store_evaluation("s", {**stats, "em": "high"}, outcomes)
     assert warm_start_cache.load_evaluation("s", 3) is None
     assert capsys.readouterr().out.count("evaluating again") == 2
+
+
+def test_restoring_twice_copies_once(tmp_path, monkeypatch):
+    """The processes of one node all restore into the same ``sft/`` folder: the first copies, the
+    others find the copy done (under a file lock)."""
+    monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "cache"))
+    trained = tmp_path / "trained"
+    (trained / "model").mkdir(parents=True)
+    (trained / "model" / "model.safetensors").write_bytes(b"weights")
+    assert warm_start_cache.store_warm_start("k", trained, {"model_dir": str(trained / "model"), "log_history": []})
+    out = tmp_path / "run" / "sft"
+    first = warm_start_cache.restore_warm_start("k", out)
+    copied = (out / "model" / "model.safetensors").stat().st_mtime_ns
+    (tmp_path / "cache" / "warm_starts" / "k" / "model" / "model.safetensors").write_bytes(b"changed")
+    assert warm_start_cache.restore_warm_start("k", out) == first
+    assert (out / "model" / "model.safetensors").stat().st_mtime_ns == copied
+    assert first["model_dir"] == str(out / "model") and "log_history" not in first
+    assert warm_start_cache.restore_warm_start("other", out) is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -158,21 +159,31 @@ def restore_warm_start(key: str, out: Path) -> dict | None:
     """The cached warm start of ``key`` placed into ``out`` (its ``model/``, ``adapter/``, summary);
     its summary with ``model_dir`` in ``out`` and ``reused_from`` the entry, or None on a miss."""
     entry = cache_dir("warm_starts") / key
+    out.mkdir(parents=True, exist_ok=True)
     try:
         summary = json.loads((entry / "sft_summary.json").read_text())
-        model_dir = out / summary["model_dir"]
-        for name in ("model", "adapter"):
-            if (entry / name).is_dir():
-                shutil.rmtree(out / name, ignore_errors=True)
-                shutil.copytree(entry / name, out / name, copy_function=shutil.copy2)
+        summary.update(model_dir=str(out / summary["model_dir"]), reused_from=str(entry))
+        with (out / ".restore.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the processes of one node: one copies, the others find it done
+            if _restored_from(out) != str(entry) or not Path(summary["model_dir"]).is_dir():
+                for name in ("model", "adapter"):
+                    if (entry / name).is_dir():
+                        shutil.rmtree(out / name, ignore_errors=True)
+                        shutil.copytree(entry / name, out / name, copy_function=shutil.copy2)
+                write_json_atomic(summary, out / "sft_summary.json")
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as err:
         print(f"[sft] the cached warm start {entry} cannot be read ({err}); training it again", flush=True)
         return None
-    summary.update(model_dir=str(model_dir), reused_from=str(entry))
-    write_json_atomic(summary, out / "sft_summary.json")
     return summary
+
+
+def _restored_from(out: Path) -> str | None:
+    try:
+        return json.loads((out / "sft_summary.json").read_text()).get("reused_from")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def store_warm_start(key: str, out: Path, summary: dict) -> Path | None:
