@@ -9,7 +9,7 @@ over everything it was computed from:
 - **warm start** (``warm_starts/<key>/``: ``model/``, ``adapter/``, ``sft_summary.json``): the
   :class:`training.sft_config.WarmStartConfig` less where it writes and how it logs, the accepted
   trajectories it trains on (train and dev records, so questions, retriever and teacher are in it),
-  the code and library versions, the CPU thread count and the process count;
+  the code and library versions, the CPU thread count, the process count and the hardware's kind;
 - **evaluation before PPO** (``evaluations/<key>.json``): the digest of the warm start's weight
   files, the PPO settings that can change a greedy episode (all of them less the optimisation-only
   ones in :data:`TRAINING_ONLY`), the held-out questions, what the retriever returns for each of
@@ -104,7 +104,8 @@ def digest(value: Any) -> str:
 
 
 def code_and_versions() -> dict[str, str]:
-    """The digest of the packages' source files, the library versions, threads and processes."""
+    """The digest of the packages' source files, the library versions, threads, processes and the
+    hardware's kind (the CPU's vector extensions, the first GPU's name): where floats may round otherwise."""
     root = Path(__file__).resolve().parent.parent
     source = hashlib.sha256()
     for package in PACKAGES:
@@ -117,7 +118,8 @@ def code_and_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "absent"
     return {"code": source.hexdigest(), **versions, "threads": str(torch.get_num_threads()),
-            "processes": os.environ.get("WORLD_SIZE", "1")}
+            "processes": os.environ.get("WORLD_SIZE", "1"), "cpu": torch.backends.cpu.get_cpu_capability(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
 
 
 def warm_start_key(config: Any, train: Sequence[dict], dev: Sequence[dict]) -> str:
