@@ -1,4 +1,4 @@
-"""The PPO recipes in configs/ppo/ that state only what differs from the main job's default."""
+"""The PPO recipes in configs/ppo/: the main job's default, and those that state only what differs from it."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,14 +10,23 @@ from training.inputs import REPO_ROOT, load_env_config
 RECIPES = REPO_ROOT / "configs" / "ppo"
 
 
-def test_above_cut_is_the_default_with_its_two_changes():
+def test_the_default_opens_above_the_cut_and_charges_beta_015():
     default = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml")])
-    above = load_config(PPOConfig, ["--config", str(RECIPES / "above_cut.yaml")])
-    assert above.sft["teacher_open_rate"] == 0.6
-    assert {k: v for k, v in above.sft.items() if k != "teacher_open_rate"} == \
+    assert default.sft["teacher_open_rate"] == 0.6
+    reward = load_env_config(default).reward
+    assert (reward.positive_opened_bonus, reward.negative_opened_penalty) == (0.25, 0.15)
+    above = load_config(PPOConfig, ["--config", str(RECIPES / "above_cut.yaml")])  # runs 43-45's command
+    assert dataclasses.replace(above, output_dir=default.output_dir) == default
+
+
+def test_half_open_is_the_previous_default_with_its_two_values():
+    default = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml")])
+    half = load_config(PPOConfig, ["--config", str(RECIPES / "half_open.yaml")])
+    assert half.sft["teacher_open_rate"] == 0.5
+    assert {k: v for k, v in half.sft.items() if k != "teacher_open_rate"} == \
         {k: v for k, v in default.sft.items() if k != "teacher_open_rate"}
-    reward, default_reward = load_env_config(above).reward, load_env_config(default).reward
-    assert reward == dataclasses.replace(default_reward, negative_opened_penalty=0.15)
+    reward, default_reward = load_env_config(half).reward, load_env_config(default).reward
+    assert reward == dataclasses.replace(default_reward, negative_opened_penalty=0.05)
     assert reward.positive_opened_bonus == 0.25  # the base's env overrides are kept, not replaced
-    differing = {f.name for f in dataclasses.fields(PPOConfig) if getattr(above, f.name) != getattr(default, f.name)}
+    differing = {f.name for f in dataclasses.fields(PPOConfig) if getattr(half, f.name) != getattr(default, f.name)}
     assert differing == {"sft", "env", "output_dir"}
