@@ -7,8 +7,10 @@ import torch
 from tiny_models import tiny_llama, tiny_tokenizer
 
 from inference.backends.hf import HFBackend
-from inference.backends.hf_session import common_prefix, session_supported
+from inference.backends.hf_session import common_prefix, session_supported, shared_prefix_groups
 from methods.llm import GenerationRequest
+from training.frozen_prefix import prefix_hidden
+from training.rollout_states import FrozenStateRecorder
 
 
 @pytest.fixture(scope="module")
@@ -66,3 +68,88 @@ def test_errors_and_limits(model, tokenizer):
     assert capped.finish_reason == "length" and len(capped.token_ids) == 40 - 3  # stops at the context
     assert set(session.parked) == {"b"}
     assert session_supported(backend) and common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+
+
+def test_shared_prefix_groups():
+    instructions = list(range(100, 120))  # 20 tokens
+    contexts = [instructions + [1, 2, 3] + [7] * 20 + [8], instructions + [1, 2, 3] + [7] * 20 + [9],
+                instructions + [4, 5], [50] * 30, instructions + [1, 2, 3] + [7] * 20]
+    # every row that starts with the instructions; the short one keeps a token of its own to run
+    assert shared_prefix_groups(contexts, [0] * 5) == [([4, 0, 1, 2], 20)]
+    # once they hold the instructions: the rows of one question, the shortest keeping a token to run
+    assert shared_prefix_groups(contexts, [20, 20, 20, 0, 20]) == [([4, 0, 1], 42)]
+    assert shared_prefix_groups(contexts, [42, 42, 20, 0, 42]) == []  # nothing left to share
+    assert shared_prefix_groups(contexts, [0] * 5, min_shared=22) == [([4, 0, 1], 42)]
+    assert shared_prefix_groups([[1, 2], [1, 2]], [0, 0], min_shared=1) == [([0, 1], 1)]
+    assert shared_prefix_groups([], []) == []
+
+
+def sharing_requests(tokenizer, questions: int = 2, samples: int = 3) -> tuple[list[GenerationRequest], list]:
+    """Several samples of each question after the same instructions (a GRPO rollout's first turn)."""
+    instructions = tokenizer("Solve the question below by searching a search engine, then answer it. "
+                             "Write the query inside search tags. Question:")["input_ids"]
+    requests, keys = [], []
+    for q in range(questions):
+        question = tokenizer(f" {('what', 'which')[q]} is the capital city of the large country that lies north of "
+                             "the sea?", add_special_tokens=False)["input_ids"]
+        for s in range(samples):
+            requests.append(GenerationRequest(instructions + question, max_tokens=5, temperature=1.0, seed=10 * q + s))
+            keys.append((q, s))
+    return requests, keys
+
+
+def spy_on_prefill(session) -> list[int]:
+    """The input columns times rows of every prefill pass the session runs."""
+    columns: list[int] = []
+    prefill_group = session._prefill_group
+
+    def spy(contexts, parked, new, room, keys):
+        columns.append(len(contexts) * new)
+        return prefill_group(contexts, parked, new, room, keys)
+
+    session._prefill_group = spy
+    return columns
+
+
+def test_rows_that_begin_alike_run_their_common_prefix_once(model, tokenizer):
+    backend = HFBackend(model, tokenizer, max_batch_size=4)
+    requests, keys = sharing_requests(tokenizer)
+    sharing, alone = backend.session(), backend.session()
+    alone.share_prefixes = False
+    ran_sharing, ran_alone = spy_on_prefill(sharing), spy_on_prefill(alone)
+    got, fresh = sharing.generate(requests, keys), backend.generate(requests)
+    for a, b, c in zip(got, alone.generate(requests, keys), fresh):
+        same_completion(a.completions[0], c.completions[0])
+        same_completion(b.completions[0], c.completions[0])
+    prompt = [len(r.prompt) for r in requests]
+    instructions = common_prefix(requests[0].prompt, requests[-1].prompt)
+    # the instructions once, each question's rest once (but its last token), each sample its last token
+    shared = prompt[0] - 1 + prompt[-1] - 1 - instructions
+    assert sharing.templates_run == 3 and sharing.shared_tokens_run == shared
+    assert sum(ran_alone) >= sum(prompt) and shared + len(requests) <= sum(ran_sharing) < sum(prompt) / 2
+    assert not [k for k in sharing.parked if k not in keys]  # no template row stays
+    # the next turn continues each row's own cache (the template's copy was not written into)
+    follow = [GenerationRequest(r.prompt + g.completions[0].token_ids + [5, 6], max_tokens=3, seed=1)
+              for r, g in zip(requests, got)]
+    for a, b in zip(sharing.generate(follow, keys), backend.generate(follow)):
+        same_completion(a.completions[0], b.completions[0])
+
+
+def test_shared_prefixes_reach_the_frozen_state_recorder(model, tokenizer):
+    backend = HFBackend(model, tokenizer, max_batch_size=4)
+    requests, keys = sharing_requests(tokenizer, samples=2)
+    recorder = FrozenStateRecorder(model, depth=1)
+    session = backend.session(observer=recorder)
+    assert session.share_prefixes
+    with recorder.capturing():
+        results = session.generate(requests, keys)
+    assert session.templates_run >= 2
+    for key, request, result in zip(keys, requests, results):
+        ids = list(request.prompt) + result.completions[0].token_ids[:-1]
+        states = recorder.take(key, len(ids))
+        assert states.shape[0] == len(ids)  # every position, the shared ones from the template rows
+        full = torch.tensor([ids])
+        expected = prefix_hidden(model, full, torch.ones_like(full), 1)[0]
+        torch.testing.assert_close(states, expected, atol=2e-4, rtol=1e-3)
+    # an observer that cannot take forks sees every row run its whole context
+    assert not backend.session(observer=lambda ran: None).share_prefixes

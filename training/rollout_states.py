@@ -5,8 +5,9 @@ running the frozen bottom layers over all of its rows (:func:`training.ppo_score
 The HF rollout has already run those layers over the same tokens, with the same weights (the
 merged rollout copy and the actor differ only in the top layers): a forward hook on the last
 frozen layer of the rollout model, and the session's word on which positions of which row each
-pass ran (:class:`~inference.backends.hf_session.HFSession`'s ``observer``), keep each row's states
-by position (:class:`FrozenStateRecorder`). The rollout hands them to the episode and to each
+pass ran (:class:`~inference.backends.hf_session.HFSession`'s ``observer``; a prefix the session
+ran once for several rows is handed to each by :meth:`FrozenStateRecorder.fork`), keep each row's
+states by position (:class:`FrozenStateRecorder`). The rollout hands them to the episode and to each
 verdict row (``frozen_states``, (n, H): positions 0 .. n−1), and the trainer runs the bottom
 layers only for rows whose recorded states fall short (:func:`covers`).
 
@@ -77,6 +78,13 @@ class FrozenStateRecorder:
                 ran[start:stop] = True
         n = int(ran.long().cumprod(0).sum())
         return states[:n].clone()
+
+    def fork(self, source: Hashable, targets: list[Hashable]) -> None:
+        """Rows ``targets`` now hold row ``source``'s cached tokens (the session ran a shared prefix
+        once): each gets what ``source`` recorded, after its own (later pieces win in :meth:`take`)."""
+        pieces = self.pieces.get(source, [])
+        for key in targets:
+            self.pieces.setdefault(key, []).extend(pieces)
 
     def forget(self, keys: list[Hashable]) -> None:
         """Drop rows whose states are not wanted."""

@@ -31,11 +31,23 @@ exactly the attention pattern of a left-padded prompt, with positions ``cumsum(m
 holds for sliding-window layers too (the window compares cache indices, and with no holes their
 differences are position differences), so Gemma 3 uses the session like Llama.
 
+Rows of one call that begin alike share that beginning (``share_prefixes``, on by default):
+a GRPO-style rollout sends each question's prompt several times, and every prompt starts with
+the same instructions. Before the call's own prefill, rows whose contexts hold a common prefix at
+least :data:`MIN_SHARED_PREFIX` tokens longer than what any of them has cached
+(:func:`shared_prefix_groups`) run that prefix once, as a template row, and each starts from a copy
+of its cache; this repeats while groups form, so the instructions run once per call and each
+question's whole prompt once per question. Up to the floating-point noise of another batch layout,
+as every reuse of a parked cache.
+
 An ``observer`` (optional) is told after every forward pass which tokens each row ran: a list,
 in batch order, of ``(key, first, count)``: row ``i`` of that pass ran positions ``first ..
 first + count - 1`` of row ``key``'s context, in its last ``count`` input columns (so a forward
 hook on a decoder layer can keep each row's hidden states by position;
-:mod:`training.rollout_states` keeps the frozen bottom layers' states for the trainer).
+:mod:`training.rollout_states` keeps the frozen bottom layers' states for the trainer). Shared
+prefixes need an observer that also has ``fork(source, targets)`` (rows ``targets`` now hold row
+``source``'s cached tokens: give them what it recorded for those) and ``forget(keys)``; with any
+other observer each row runs its whole context, so the observer sees every position run for it.
 
 Supported when the backend has the growing cache (transformers >= 4.56) and every layer is an
 attention layer (:func:`session_supported`); otherwise callers keep calling ``generate``.
@@ -49,6 +61,7 @@ from typing import Any
 
 import torch
 
+from inference.backends.chat import prompt_token_ids
 from inference.backends.hf_cache import (
     GrowingLayer,
     growing_cache_supported,
@@ -60,6 +73,8 @@ from inference.backends.hf_cache import (
 from methods.llm import GenerationRequest, GenerationResult
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+MIN_SHARED_PREFIX = 16  # tokens: rows sharing fewer than this beyond their caches each run them
+MAX_SHARING_LEVELS = 8  # template passes per call (each lengthens every member's cached prefix)
 
 
 @dataclass
@@ -88,13 +103,58 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
+def shared_prefix_groups(contexts: Sequence[list[int]], cached: Sequence[int],
+                         min_shared: int = MIN_SHARED_PREFIX) -> list[tuple[list[int], int]]:
+    """Rows worth running a common beginning for once: ``(members, length)`` per group, where every
+    member's context begins with the same ``length`` tokens, ``length`` is at least ``min_shared``
+    more than any member's ``cached`` tokens, and each member keeps at least one token of its own
+    to run (its logits are the next token's). Neighbours in token order form the groups (a group's
+    common prefix is the smallest of its neighbours' common prefixes)."""
+    order = sorted(range(len(contexts)), key=lambda i: contexts[i])
+    groups: list[tuple[list[int], int]] = []
+    run: list[int] = order[:1]
+    length = 0
+
+    def close() -> None:
+        if len(run) > 1:
+            usable = min([length] + [len(contexts[i]) - 1 for i in run])
+            if usable >= max(cached[i] for i in run) + min_shared:
+                groups.append((list(run), usable))
+
+    for a, b in zip(order, order[1:]):
+        shared = common_prefix(contexts[a], contexts[b])
+        if shared >= max(cached[a], cached[b]) + min_shared:
+            length = shared if len(run) == 1 else min(length, shared)
+            run.append(b)
+        else:
+            close()
+            run, length = [b], 0
+    close()
+    return groups
+
+
+class _Template:
+    """The session key of a shared prefix's template row (never a caller's key)."""
+
+    def __init__(self, number: int):
+        self.number = number
+
+    def __repr__(self) -> str:
+        return f"<shared prefix {self.number}>"
+
+
 class HFSession:
-    def __init__(self, backend: Any, observer: Callable[[list[tuple[Hashable, int, int]]], None] | None = None):
+    def __init__(self, backend: Any, observer: Callable[[list[tuple[Hashable, int, int]]], None] | None = None,
+                 share_prefixes: bool = True):
         if not session_supported(backend):
             raise ValueError("this backend or model cannot keep KV caches across calls (see session_supported)")
         self.backend = backend
         self.parked: dict[Hashable, _Parked] = {}
         self.observer = observer  # told (key, first position, count) per row after every forward pass
+        forks = observer is None or all(callable(getattr(observer, name, None)) for name in ("fork", "forget"))
+        self.share_prefixes = share_prefixes and forks
+        self.templates_run = 0  # template rows run for shared prefixes (and their tokens, below)
+        self.shared_tokens_run = 0
 
     # ----------------------------------------------------------------------------- public API
 
@@ -105,6 +165,7 @@ class HFSession:
         if any(request.n != 1 for request in requests):
             raise ValueError("a session row is one sample: n must be 1")
         taken = self._take(keys)
+        self._share_prefixes([self._prompt_ids(request) for request in requests], keys, taken)
 
         def decode(batch: list) -> None:
             self._decode(batch, [keys[row.request] for row in batch], taken)
@@ -118,6 +179,7 @@ class HFSession:
             raise ValueError("give one distinct key per sequence, and no empty sequence")
         backend = self.backend
         taken = self._take(keys)
+        self._share_prefixes([list(sequence) for sequence in sequences], keys, taken)
         out: list[torch.Tensor | None] = [None] * len(sequences)
         by_length = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
         with backend._lock, torch.inference_mode(), _eval_mode(backend.model):
@@ -141,6 +203,63 @@ class HFSession:
     def _take(self, keys: Sequence[Hashable]) -> dict[Hashable, _Parked]:
         """Hand the named rows' caches to this call (a row that fails is not parked again)."""
         return {key: self.parked.pop(key) for key in keys if key in self.parked}
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int] | None:
+        """The request's prompt ids as the backend will run them; None where it will refuse them."""
+        backend = self.backend
+        try:
+            ids = prompt_token_ids(backend.tokenizer, request.prompt, backend.thinking)
+        except Exception:  # the backend's own path reports the prompt
+            return None
+        return None if backend._prompt_problem(ids, request.allowed_token_ids) else ids
+
+    def _share_prefixes(self, contexts: list[list[int] | None], keys: Sequence[Hashable],
+                        taken: dict[Hashable, _Parked]) -> None:
+        """Run the common beginnings of this call's rows once (:func:`shared_prefix_groups`), level by
+        level, and hand each member a copy of its group's cache in ``taken``. ``contexts[i]``: row
+        ``keys[i]``'s token ids, None to leave the row alone."""
+        if not self.share_prefixes:
+            return
+        rows = [i for i, context in enumerate(contexts) if context]
+        for _ in range(MAX_SHARING_LEVELS):
+            cached = [self._reusable(taken.get(keys[i]), contexts[i]) for i in rows]
+            groups = shared_prefix_groups([contexts[i] for i in rows], cached)
+            if not groups:
+                return
+            templates = []
+            for members, length in groups:
+                donor = max(members, key=lambda m: cached[m])  # the member that has the most of it cached
+                templates.append(([keys[rows[m]] for m in members], contexts[rows[donor]][:length],
+                                  keys[rows[donor]]))
+            self._run_templates(templates, taken)
+
+    def _run_templates(self, templates: list[tuple[list[Hashable], list[int], Hashable]],
+                       taken: dict[Hashable, _Parked]) -> None:
+        """Prefill each template (members' keys, the shared ids, the donor whose cache it starts
+        from) as a row of its own; every member then starts from its cache."""
+        backend = self.backend
+        names = []
+        for _members, _ids, donor in templates:
+            self.templates_run += 1
+            names.append(_Template(self.templates_run))
+            if self.observer is not None and donor in taken:
+                self.observer.fork(donor, [names[-1]])  # the template holds what the donor recorded
+        contexts = [ids for _members, ids, _donor in templates]
+        parked = [taken.get(donor) for _members, _ids, donor in templates]
+        with backend._lock, torch.inference_mode(), _eval_mode(backend.model):
+            for first in range(0, len(templates), backend.max_batch_size):
+                part = slice(first, first + backend.max_batch_size)
+                order, _logits, mask, cache = self._prefill(contexts[part], parked[part], 0, names[part])
+                for row, j in enumerate(order):
+                    self._park(names[part][j], contexts[part][j], cache, row, mask)
+        for (members, ids, _donor), name, before in zip(templates, names, parked):
+            self.shared_tokens_run += len(ids) - self._reusable(before, ids)
+            shared = self.parked.pop(name)
+            for key in members:
+                taken[key] = shared  # read-only: a row's cache is copied out of it (_fill), never into it
+            if self.observer is not None:
+                self.observer.fork(name, members)
+                self.observer.forget([name])
 
     def _decode(self, rows: list, keys: list[Hashable], taken: dict[Hashable, _Parked]) -> None:
         """Generate every row of one batch to its end (as ``HFBackend._decode``), parking each
