@@ -7,6 +7,7 @@ clipping and learning rates: nothing scaled twice) and the resume must continue 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -85,6 +86,8 @@ def test_deepspeed_batch_and_clipping_values_come_from_the_ppo_config():
         configure_deepspeed(with_deepspeed_config({"gradient_clipping": 1.0}), cfg, 9)
     with pytest.raises(ConfigError, match="ZeRO-3"):
         configure_deepspeed(with_deepspeed_config({"zero_optimization": {"stage": 3}}), cfg, 9)
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):  # an engine counts its micro-steps
+        configure_deepspeed(with_deepspeed_config({}), dataclasses.replace(cfg, micro_batch_tokens=2048), 9)
 
 
 def test_two_cpu_processes_join_one_group_with_or_without_deepspeed(monkeypatch):

@@ -15,6 +15,7 @@ from training.config import ConfigError, LoraSettings, PPOConfig, load_config, s
 from training.inputs import next_questions
 from training.models import sequence_logprobs, sequence_values, wrap_models
 from training.ppo import train
+from training.ppo_batch import micro_batches
 
 
 @pytest.fixture(scope="module")
@@ -296,3 +297,27 @@ def test_a_batch_without_model_tokens_still_backpropagates(tok):
     logp.sum().backward()
     grads = [p.grad for p in models.actor.parameters() if p.requires_grad]
     assert grads and all(g is not None and float(g.abs().sum()) == 0.0 for g in grads)
+
+
+def test_micro_batches_by_rows_or_by_padded_tokens():
+    rows, lengths = torch.arange(7), torch.tensor([3, 3, 4, 5, 9, 20, 30])
+    assert [r.tolist() for r in micro_batches(rows, lengths, 3)] == [[0, 1, 2], [3, 4, 5], [6]]
+    # up to 16 padded positions each: 3 rows of <= 4 (a 4th, of 5, would pad them to 20), then 5 and 9 apart
+    # (2 x 9 > 16), longer rows alone
+    assert [r.tolist() for r in micro_batches(rows, lengths, 3, tokens=16)] == [[0, 1, 2], [3], [4], [5], [6]]
+    assert [r.tolist() for r in micro_batches(rows, lengths, 3, tokens=1000)] == [list(range(7))]
+
+
+def test_token_budget_micro_batches_train_the_same_weights(tok, tmp_path, retriever, examples):
+    trained = []
+    for name, extra in (("rows", {"micro_batch_size": 1}), ("tokens", {"micro_batch_tokens": 100_000})):
+        cfg = tiny_cfg(tmp_path / name, mini_batches=1, **extra)
+        torch.manual_seed(0)
+        models = wrap_models(tiny_llama(tok), tok, cfg)
+        train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+        trained.append(trainable(models.actor))
+    assert trained[0].keys() == trained[1].keys()
+    for key in trained[0]:  # one pass over every row against one row at a time: the same gradient
+        torch.testing.assert_close(trained[0][key], trained[1][key], atol=1e-5, rtol=1e-4)
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        tiny_cfg(tmp_path, micro_batch_tokens=-1)

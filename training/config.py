@@ -123,6 +123,9 @@ class PPOConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per PPO epoch
     micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a mini-batch)
+    # > 0: micro-batches cut by padded tokens instead (rows x the longest <= this; a longer row alone), as
+    # verl's use_dynamic_bsz: short rows share a pass, long ones are not padded to each other (DDP; not DeepSpeed)
+    micro_batch_tokens: int = 0
     lr_actor: float = 1e-6
     lr_critic: float = 1e-5
     warmup_updates: int = 0  # linear learning-rate warm-up (in optimizer steps of the actor/critic)
@@ -214,6 +217,8 @@ class PPOConfig:
                                       or self.dynamic_sampling_max_rounds < 0):
             raise ConfigError("dynamic_sampling needs samples_per_question >= 2 and >= mini_batches (a kept question "
                               "must fill every mini-batch) and dynamic_sampling_max_rounds >= 0")
+        if self.micro_batch_tokens < 0:
+            raise ConfigError("micro_batch_tokens must be >= 0 (0: micro_batch_size rows per micro-batch)")
         if self.overlong_buffer < 0 or (self.overlong_buffer and self.overlong_buffer >= self.overlong_max_tokens):
             raise ConfigError("overlong_buffer must be in [0, overlong_max_tokens)")
         if self.tis != "none" and self.old_logprobs != "recompute":

@@ -63,7 +63,7 @@ from training.inputs import REPO_ROOT, next_questions
 from training.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
 from training.models import sequence_values
 from training.policy_eval import result_line
-from training.ppo_batch import select
+from training.ppo_batch import micro_batches, select
 from training.ppo_core import (
     aggregate_loss,
     explained_variance,
@@ -197,7 +197,7 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
             mini = mini[lengths[mini].argsort(stable=True)]  # micro-batches of similar lengths: less padding to run
             n_tokens = global_token_count(mask[mini], accelerator)
             n_sequences = global_sequence_count(mask[mini], accelerator)
-            micro = mini.split(cfg.micro_batch_size)
+            micro = micro_batches(mini, lengths[mini], cfg.micro_batch_size, cfg.micro_batch_tokens)
             for k, rows in enumerate(micro):
                 mb = select(batch, rows)
                 logp = micro_step(run, mb, n_tokens, n_sequences, k == len(micro) - 1, train_actor, sums)

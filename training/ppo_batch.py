@@ -86,6 +86,22 @@ def episodes_to_batch(episodes: list, pad_id: int, device: Any) -> dict[str, tor
     return {k: v.to(device) for k, v in batch.items()}
 
 
+def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int, tokens: int = 0) -> list[torch.Tensor]:
+    """A mini-batch's ``rows`` (sorted by length) cut into micro-batches: ``size`` rows each, or with
+    ``tokens > 0`` as many rows as fit ``tokens`` padded positions (their count × the longest one's
+    length; a row longer than that alone). rows: (n,) indices; lengths: (n,) their lengths."""
+    if tokens <= 0:
+        return list(rows.split(size))
+    cuts, count, longest = [], 0, 0
+    for i, length in enumerate(lengths.tolist()):
+        if count and (count + 1) * max(longest, length) > tokens:
+            cuts.append(i)
+            count, longest = 0, 0
+        count, longest = count + 1, max(longest, length)
+    bounds = [0, *cuts, len(rows)]
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 def select(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """Rows of a batch, columns cut to the longest selected episode (less padding to run)."""
     width = int(batch["attention_mask"][rows].sum(-1).max())
