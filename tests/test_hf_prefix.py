@@ -4,7 +4,7 @@ share instructions, least recently used rows dropped."""
 from __future__ import annotations
 
 import pytest
-from test_hf_session import model, tokenizer  # noqa: F401 (the same tiny model, module-scoped fixtures)
+from test_hf_session import model, spy_on_prefill, tokenizer  # noqa: F401 (the same tiny model, module-scoped fixtures)
 
 from inference.backends.hf import HFBackend
 from inference.backends.hf_prefix import PrefixCache
@@ -16,16 +16,7 @@ INSTRUCTIONS = "Find the answer to the question by searching. What is the capita
 
 def counting(backend: HFBackend) -> list[int]:
     """Spy on the prefix cache's prefills; returns the prompt tokens each one ran (all rows)."""
-    columns: list[int] = []
-    session = backend._prefix_cache.session
-    prefill_group = session._prefill_group
-
-    def spy(contexts, parked, new, room, keys):
-        columns.append(len(contexts) * new)
-        return prefill_group(contexts, parked, new, room, keys)
-
-    session._prefill_group = spy
-    return columns
+    return spy_on_prefill(backend._prefix_cache.session)
 
 
 def same_completion(a, b) -> None:
