@@ -267,3 +267,27 @@ def two_choice_advantages(
     n, square_sum = _reduce_sum(torch.stack([m.sum().double(), (a.double() ** 2).sum()]), accelerator).unbind()
     rms = torch.sqrt(square_sum / n.clamp(min=1.0)).to(a.dtype)
     return torch.where(rms > 0, a / rms.clamp(min=1e-12), torch.zeros_like(a))
+
+
+@torch.no_grad()
+def centred_reward_gaps(choice_logp: torch.Tensor, reward_gap: torch.Tensor, opened: torch.Tensor,
+                        choice_mask: torch.Tensor, accelerator=None) -> tuple[torch.Tensor, float]:
+    """The verdicts' reward gaps less the batch's price of opening b, so that their own credit moves
+    which candidates are opened and not how many: with g_i = r_i(open) − r_i(skip) = s_i·gap_i
+    (s_i = +1 where the verdict opened, −1 where it skipped) and w_i = π_i·(1 − π_i), the slope of
+    π(open) in its logit (the same for either choice), b = Σ_i w_i·g_i / Σ_i w_i and the new gap is
+    gap_i − s_i·b. The expected push of the two-way advantage on each open logit is w_i·g_i, so after
+    the shift the pushes sum to zero over the batch (all processes).
+
+    choice_logp: (B, T) log π(a) of the chosen option (renormalised over the two), reward_gap: (B, T)
+    r(a) − r(other), opened: (B, T) 1 where the chosen option opens, choice_mask: (B, T) 1 at choices
+    -> ((B, T) gaps, 0 off the choices; b).
+    """
+    m = choice_mask.to(reward_gap.dtype)
+    p = choice_logp.exp()
+    w = p * (1.0 - p) * m
+    s = (2.0 * opened.to(reward_gap.dtype) - 1.0) * m
+    total_w, total_wg = _reduce_sum(torch.stack([w.sum().double(), (w * s * reward_gap).sum().double()]),
+                                    accelerator).unbind()
+    price = float(total_wg / total_w) if float(total_w) > 0 else 0.0
+    return (reward_gap - s * price) * m, price

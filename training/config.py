@@ -176,6 +176,10 @@ class PPOConfig:
     # row (1: the episode's outcome, answer included, credits every verdict; 0: each verdict learns from its
     # own candidate's term only, verdict_credit, so the reader's use of what was opened does not steer it)
     verdict_episode_credit: float = 1.0
+    # verdict_credit with a price of opening taken out of every verdict's gap, per batch, so that the credit's
+    # pushes on the open logits sum to zero: it moves which candidates are opened, not how many
+    # (training.advantages.centred_reward_gaps); false: the exact gaps, whose mean push follows the base rate
+    verdict_credit_centred: bool = False
     # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
     # advantage of the reward's answer term alone, so what the selection term paid does not steer the
     # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce)
@@ -236,6 +240,8 @@ class PPOConfig:
         if self.answer_credit == "answer" and self.advantage not in OUTCOME_ESTIMATORS:
             raise ConfigError(f"answer_credit 'answer' needs an outcome estimator {OUTCOME_ESTIMATORS}, "
                               f"not advantage {self.advantage!r}")
+        if self.verdict_credit_centred and self.verdict_credit == 0:
+            raise ConfigError("verdict_credit_centred centres the verdict_credit term: it needs verdict_credit > 0")
         if self.verdict_credit > 0 and not self.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.require_sft_checkpoint and not self.sft_checkpoint:

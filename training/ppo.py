@@ -254,6 +254,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         **timings,
         "critic_only": float(not train_actor),
         "reused_states": extras["reused_states"],  # share of rows whose frozen-layer states came from the rollout
+        "verdict_price": extras["verdict_price"],  # verdict_credit_centred: the batch's price of opening b
     })
     stats = reduce_mean(run.accelerator, stats)
     stats.update(update=update + 1, world_size=run.accelerator.num_processes)

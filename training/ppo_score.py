@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from training.advantages import AdvantageBatch, compute_advantages, two_choice_advantages
+from training.advantages import AdvantageBatch, centred_reward_gaps, compute_advantages, two_choice_advantages
 from training.answer_credit import with_answer_credit
 from training.dapo import overlong_penalty
 from training.frozen_prefix import decoder_of, prefix_hidden
@@ -113,14 +113,18 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if cfg.answer_credit == "answer":  # the answer turn: the answer term's own advantage
         advantages = with_answer_credit(cfg, advantages, batch, mask, E)
     returns = pad_rows(returns, mask.shape[0])
+    verdict_price = math.nan
     if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
-        advantages = advantages + cfg.verdict_credit * two_choice_advantages(
-            old_logp, batch["choice_reward_gap"], batch["choice_mask"] * mask, accelerator)
+        choices, gaps = batch["choice_mask"] * mask, batch["choice_reward_gap"]
+        if cfg.verdict_credit_centred:  # the open token is the first choice (envs.protocol.judge_token_ids)
+            opened = batch["input_ids"][:, 1:] == run.choice_ids[0]
+            gaps, verdict_price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
+        advantages = advantages + cfg.verdict_credit * two_choice_advantages(old_logp, gaps, choices, accelerator)
     batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages, returns=returns)
     tis_stats = {}
     if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
                                                            cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
     extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats,
-              "reused_states": reused_states}
+              "reused_states": reused_states, "verdict_price": verdict_price}
     return batch, extras
