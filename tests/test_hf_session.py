@@ -127,6 +127,7 @@ def test_rows_that_begin_alike_run_their_common_prefix_once(model, tokenizer):
     shared = prompt[0] - 1 + prompt[-1] - 1 - instructions
     assert sharing.templates_run == 3 and sharing.shared_tokens_run == shared
     assert sum(ran_alone) >= sum(prompt) and shared + len(requests) <= sum(ran_sharing) < sum(prompt) / 2
+    assert (sharing.prefill_tokens_run, alone.prefill_tokens_run) == (sum(ran_sharing), sum(ran_alone))
     assert not [k for k in sharing.parked if k not in keys]  # no template row stays
     # the next turn continues each row's own cache (the template's copy was not written into)
     follow = [GenerationRequest(r.prompt + g.completions[0].token_ids + [5, 6], max_tokens=3, seed=1)

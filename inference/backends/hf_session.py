@@ -155,6 +155,7 @@ class HFSession:
         self.share_prefixes = share_prefixes and forks
         self.templates_run = 0  # template rows run for shared prefixes (and their tokens, below)
         self.shared_tokens_run = 0
+        self.prefill_tokens_run = 0  # input columns × rows of every prefill pass (padding, templates included)
 
     # ----------------------------------------------------------------------------- public API
 
@@ -341,6 +342,7 @@ class HFSession:
         spare positions).
         """
         backend = self.backend
+        self.prefill_tokens_run += len(contexts) * new
         kept = [max(0, len(c) - new) for c in contexts]
         width = max(kept)
         cache = new_growing_cache(reserve=room)
