@@ -55,6 +55,32 @@ def test_turns_match_generate_for_mixed_rows(model, tokenizer):
     assert [len(session.parked[k].ids) for k in (1, 4)] == [len(contexts[1]), len(contexts[4])]
 
 
+def test_text_prompts_are_tokenised_once_per_call(model, tokenizer, monkeypatch):
+    """A session finds each prompt's ids to share prefixes, and hands them on: the backend does not
+    tokenise a text prompt again. The completions are those of plain generate."""
+    import inference.backends.hf as hf_module
+    import inference.backends.hf_session as session_module
+
+    tokenised, original = [], hf_module.prompt_token_ids
+
+    def counting(tokenizer_, prompt, thinking=None):
+        if isinstance(prompt, str):
+            tokenised.append(prompt)
+        return original(tokenizer_, prompt, thinking)
+
+    monkeypatch.setattr(session_module, "prompt_token_ids", counting)
+    monkeypatch.setattr(hf_module, "prompt_token_ids", counting)
+    backend = HFBackend(model, tokenizer, max_batch_size=4)
+    prompts = [f"Shared instructions for every row. Question {k}: where is it?" for k in range(3)]
+    requests = [GenerationRequest(text, max_tokens=3, temperature=1.0, seed=k) for k, text in enumerate(prompts)]
+    got = backend.session().generate(requests, list(range(3)))
+    assert sorted(tokenised) == sorted(prompts)  # once each
+    tokenised.clear()
+    for a, b in zip(got, backend.generate(requests)):
+        same_completion(a.completions[0], b.completions[0])
+    assert len(tokenised) == 3
+
+
 def test_errors_and_limits(model, tokenizer):
     backend = HFBackend(model, tokenizer, max_context=40)
     session = backend.session()

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -166,12 +166,15 @@ class HFSession:
         if any(request.n != 1 for request in requests):
             raise ValueError("a session row is one sample: n must be 1")
         taken = self._take(keys)
-        self._share_prefixes([self._prompt_ids(request) for request in requests], keys, taken)
+        prompts = [self._prompt_ids(request) for request in requests]
+        self._share_prefixes(prompts, keys, taken)
+        # the backend runs the ids found here: a text or chat prompt is tokenised once per call
+        requests = [replace(r, prompt=ids) if ids else r for r, ids in zip(requests, prompts)]
 
         def decode(batch: list) -> None:
             self._decode(batch, [keys[row.request] for row in batch], taken)
 
-        return self.backend._generate(list(requests), decode)
+        return self.backend._generate(requests, decode)
 
     def next_logits(self, sequences: Sequence[list[int]], keys: Sequence[Hashable]) -> torch.Tensor:
         """Logits ``[b, V]`` (float32) of the position after each token sequence, row ``keys[i]``
