@@ -56,19 +56,30 @@ def test_ppo_learns_which_box_to_open(setup):
     assert parts == pytest.approx(reward["diff"]) and result["comparison"]["selection"]["diff"] > 0.5
 
 
-def test_ppo_learns_which_box_to_open_judging_each_alone(setup):
+@pytest.fixture(scope="module")
+def alone_warm_start(setup):
+    return warm_start(setup, ALONE_ENV, name="sft-alone")
+
+
+# the verdicts' credit: their episode's advantage only, or also their own candidate's term with the
+# price of opening taken out (verdict_credit_centred: it holds how many are opened, moves which)
+CREDITS = {"episode": {}, "centred": {"verdict_credit": 2.0, "verdict_credit_centred": True}}
+
+
+@pytest.mark.parametrize("credit", sorted(CREDITS))
+def test_ppo_learns_which_box_to_open_judging_each_alone(setup, alone_warm_start, credit):
     from training.ppo import train
 
-    sft_dir = warm_start(setup, ALONE_ENV, name="sft-alone")
-    result = train(ppo_config(setup, sft_dir, env=dict(ALONE_ENV), output_dir=str(setup["folder"] / "ppo-alone")),
+    out = setup["folder"] / f"ppo-alone-{credit}"
+    result = train(ppo_config(setup, alone_warm_start, env=dict(ALONE_ENV), output_dir=str(out), **CREDITS[credit]),
                    retriever=setup["retriever"], examples=setup["train"], eval_examples=setup["held_out"])
     precision, reward = result["comparison"]["precision"], result["comparison"]["reward"]
-    print("learning test (alone):", result["comparison"])
+    print(f"learning test (alone, {credit} credit):", result["comparison"])
     assert precision["after"] >= precision["before"] + 0.5  # far above where PPO started
     assert precision["after"] >= 0.8  # and far above chance (one box of five: 0.2)
     assert reward["after"] >= 0.5 and reward["lo"] > 0  # the gain's paired bootstrap interval excludes 0
     # where the answers came from (training.reader_study), kept in eval.json for both evaluations
-    evaluation = json.loads((setup["folder"] / "ppo-alone" / "eval.json").read_text())
+    evaluation = json.loads((out / "eval.json").read_text())
     for side in ("before", "after"):
         shares = [evaluation[side][key] for key in ANSWER_SHARE_KEYS]
         assert all(0 <= share <= 1 for share in shares) and sum(shares) == pytest.approx(1.0)
