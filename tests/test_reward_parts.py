@@ -14,7 +14,7 @@ from training.policy_eval import CORE_OUTCOME_KEYS, compare_runs, question_outco
 
 
 def episode(reward: float, em: float, selection: float | None, format_: float = 0.0) -> SimpleNamespace:
-    info = {"metrics": {"em": em}, "positives_opened": 1, "docs_read": 2}
+    info = {"metrics": {"em": em}, "positives_opened": 1, "docs_read": 2, "positives_shown": 2}
     if selection is not None:
         info["reward"] = {"answer": em, "selection": selection, "format": format_, "total": reward}
     return SimpleNamespace(reward=reward, info=info)
@@ -31,12 +31,30 @@ def test_comparisons_have_the_parts_only_where_both_sides_recorded_them():
     before = question_outcomes([episode(0.0, 0.0, 0.0), episode(-0.1, 0.0, -0.1)])
     after = question_outcomes([episode(0.25, 0.0, 0.25), episode(1.0, 1.0, 0.0)])
     rows = compare_runs(before, after, resamples=200)
-    assert set(rows) == {"reward", "em", "precision", "selection", "format", "reading"}
+    assert set(rows) == {"reward", "em", "precision", "recall", "selection", "format", "reading"}
     assert rows["selection"]["diff"] == pytest.approx(0.175) and rows["format"]["diff"] == 0.0
     assert rows["reward"]["diff"] == pytest.approx(rows["em"]["diff"] + rows["selection"]["diff"])
     old = {k: before[k] for k in CORE_OUTCOME_KEYS}  # an eval.json written before the parts were
     assert set(compare_runs(old, after, resamples=200)) == {"reward", "em", "precision"}
     assert statistics_of(old, after) == ["reward", "em", "precision"]
+
+
+def selected(opened: int, positives_opened: int, shown: int) -> SimpleNamespace:
+    info = {"metrics": {"em": 0.0}, "docs_read": opened, "positives_opened": positives_opened,
+            "positives_shown": shown}
+    return SimpleNamespace(reward=0.0, info=info)
+
+
+def test_recall_shows_what_a_precision_gain_by_opening_less_costs():
+    """Opening only the surest candidate raises precision and lowers recall; both pooled over questions."""
+    before = question_outcomes([selected(4, 1, 1), selected(4, 2, 2), selected(3, 0, 1), selected(0, 0, 0)])
+    after = question_outcomes([selected(1, 1, 1), selected(0, 0, 2), selected(0, 0, 1), selected(0, 0, 0)])
+    rows = compare_runs(before, after, resamples=200)
+    assert (rows["precision"]["before"], rows["precision"]["after"]) == (pytest.approx(3 / 11), 1.0)
+    assert (rows["recall"]["before"], rows["recall"]["after"]) == (pytest.approx(3 / 4), pytest.approx(1 / 4))
+    assert rows["recall"]["diff"] == pytest.approx(-0.5) and rows["recall"]["hi"] <= 0
+    nothing_shown = question_outcomes([selected(2, 0, 0)])
+    assert compare_runs(nothing_shown, nothing_shown, resamples=50)["recall"]["before"] == 0.0
 
 
 def read(answer: str | None, opened: tuple[int, ...]) -> SimpleNamespace:

@@ -17,7 +17,9 @@ first three statistics (:func:`statistics_of`). Since 2026-12-04 each question a
 episode opened anything and whether its answer is the title of the first passage it opened
 (:func:`training.reader_study.answer_source`); ``reading`` pools them (answers from the first opened
 title / questions that opened something), so a change in what the answers come from can be read apart
-from a change in how much is opened.
+from a change in how much is opened. Since 2026-12-05 each question also records the positives its
+snapshots showed, and ``recall`` pools them (positives opened / positives shown): precision can rise by
+opening fewer documents, and recall says how many of the positives that costs.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from training.reader_study import answer_source, opened_and_shown
 CORE_OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")  # in every eval.json
 REWARD_PART_KEYS = ("selection_reward", "format_reward")  # recorded since 2026-12-03
 READING_KEYS = ("opened_any", "answered_first_opened")  # recorded since 2026-12-04 (README run 36)
-OPTIONAL_OUTCOME_KEYS = REWARD_PART_KEYS + READING_KEYS  # read where an eval.json has them
+SHOWN_KEYS = ("positives_shown",)  # recorded since 2026-12-05: the denominator of recall
+OPTIONAL_OUTCOME_KEYS = REWARD_PART_KEYS + READING_KEYS + SHOWN_KEYS  # read where an eval.json has them
 OUTCOME_KEYS = CORE_OUTCOME_KEYS + OPTIONAL_OUTCOME_KEYS
 
 
@@ -44,6 +47,7 @@ def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
         "em": np.array([e.info.get("metrics", {}).get("em", 0.0) for e in episodes], dtype=np.float64),
         "positives_opened": np.array([e.info.get("positives_opened", 0) for e in episodes], dtype=np.float64),
         "docs_read": np.array([e.info.get("docs_read", 0) for e in episodes], dtype=np.float64),
+        "positives_shown": np.array([e.info.get("positives_shown", 0) for e in episodes], dtype=np.float64),
         "selection_reward": np.array([reward_part(e, "selection") for e in episodes], dtype=np.float64),
         "format_reward": np.array([reward_part(e, "format") for e in episodes], dtype=np.float64),
         "opened_any": np.array([bool(opened_and_shown(e.info)[0]) for e in episodes], dtype=np.float64),
@@ -94,10 +98,11 @@ def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
 
 
 # each statistic and the per-question outcomes it reads: one key, its mean over questions; two keys
-# (numerator, denominator), their pooled ratio (precision: positives opened / documents read)
+# (numerator, denominator), their pooled ratio (precision: positives opened / documents read; recall:
+# positives opened / positives shown, inference.compare's open_rate_positive)
 STATISTIC_KEYS: dict[str, tuple[str, ...]] = {
     "reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),
-    "selection": ("selection_reward",), "format": ("format_reward",),
+    "recall": ("positives_opened", "positives_shown"), "selection": ("selection_reward",), "format": ("format_reward",),
     "reading": ("answered_first_opened", "opened_any")}
 STATISTICS: dict[str, Statistic] = {name: mean_of(*keys) if len(keys) == 1 else pooled_ratio(*keys)
                                     for name, keys in STATISTIC_KEYS.items()}
