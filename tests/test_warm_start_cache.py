@@ -166,3 +166,11 @@ def test_warm_start_key_follows_the_base_models_files(tmp_path):
     assert warm_start_cache.warm_start_key(config, records + records, []) != first
     (base / "model.safetensors").write_bytes(b"two")  # the same path, other weights
     assert warm_start_cache.warm_start_key(config, records, []) != first
+
+
+def test_the_source_is_read_once_per_process():
+    """A run's warm-start key and evaluation key both carry the code's digest: the files are read once."""
+    warm_start_cache.source_digest.cache_clear()
+    first, second = warm_start_cache.code_and_versions(), warm_start_cache.code_and_versions()
+    assert first == second and len(first["code"]) == 64
+    assert warm_start_cache.source_digest.cache_info().misses == 1

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -107,21 +108,28 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def code_and_versions() -> dict[str, str]:
-    """The digest of the packages' source files, the library versions, threads, processes and the
-    hardware's kind (the CPU's vector extensions, the first GPU's name): where floats may round otherwise."""
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 over the names and bytes of the packages' ``.py`` files, read once per process (a run's
+    warm-start and evaluation keys both need it; the code a process runs is the code it started with)."""
     root = Path(__file__).resolve().parent.parent
     source = hashlib.sha256()
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             source.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return source.hexdigest()
+
+
+def code_and_versions() -> dict[str, str]:
+    """The digest of the packages' source files, the library versions, threads, processes and the
+    hardware's kind (the CPU's vector extensions, the first GPU's name): where floats may round otherwise."""
     versions = {}
     for name in LIBRARIES:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "absent"
-    return {"code": source.hexdigest(), **versions, "threads": str(torch.get_num_threads()),
+    return {"code": source_digest(), **versions, "threads": str(torch.get_num_threads()),
             "processes": os.environ.get("WORLD_SIZE", "1"), "cpu": torch.backends.cpu.get_cpu_capability(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"}
 
