@@ -110,6 +110,19 @@ def test_shared_prefix_groups():
     assert shared_prefix_groups([], []) == []
 
 
+def test_a_group_that_falls_short_keeps_the_members_that_can_share():
+    """Neighbours pairwise worth sharing, but one member already holds more than the group's common
+    beginning leaves: it leaves, and the others still share (the old rule dropped all three)."""
+    head = list(range(100, 130))  # 30 tokens
+    contexts = [head + [1] * 20 + [2], head + [1] * 20 + [3], head + [4] * 5]
+    # 0-1 share 50 tokens (row 0 holds 40 of them), 1-2 share 30: all three only 30, less than 40 + 8
+    assert shared_prefix_groups(contexts, [40, 0, 0], min_shared=8) == [([1, 2], 30)]
+    assert shared_prefix_groups(contexts, [0, 0, 0], min_shared=8) == [([0, 1, 2], 30)]
+    assert shared_prefix_groups(contexts, [40, 0, 25], min_shared=8) == [([0, 1], 50)]  # 1-2: 30 < 25 + 8
+    assert shared_prefix_groups(contexts, [40, 0, 20], min_shared=8) == [([1, 2], 30)]  # the 40 leaves first
+
+
+
 def sharing_requests(tokenizer, questions: int = 2, samples: int = 3) -> tuple[list[GenerationRequest], list]:
     """Several samples of each question after the same instructions (a GRPO rollout's first turn)."""
     instructions = tokenizer("Solve the question below by searching a search engine, then answer it. "

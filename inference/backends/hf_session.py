@@ -108,27 +108,29 @@ def shared_prefix_groups(contexts: Sequence[list[int]], cached: Sequence[int],
     """Rows worth running a common beginning for once: ``(members, length)`` per group, where every
     member's context begins with the same ``length`` tokens, ``length`` is at least ``min_shared``
     more than any member's ``cached`` tokens, and each member keeps at least one token of its own
-    to run (its logits are the next token's). Neighbours in token order form the groups (a group's
-    common prefix is the smallest of its neighbours' common prefixes)."""
+    to run (its logits are the next token's). Neighbours in token order form the groups (in that
+    order a group's common prefix is its first and last member's); where a group of neighbours
+    falls short, its most-cached members leave it one at a time until the rest can share."""
     order = sorted(range(len(contexts)), key=lambda i: contexts[i])
     groups: list[tuple[list[int], int]] = []
     run: list[int] = order[:1]
-    length = 0
 
     def close() -> None:
-        if len(run) > 1:
-            usable = min([length] + [len(contexts[i]) - 1 for i in run])
-            if usable >= max(cached[i] for i in run) + min_shared:
-                groups.append((list(run), usable))
+        members = list(run)
+        while len(members) > 1:
+            usable = min([common_prefix(contexts[members[0]], contexts[members[-1]])]
+                         + [len(contexts[i]) - 1 for i in members])
+            if usable >= max(cached[i] for i in members) + min_shared:
+                groups.append((members, usable))
+                return
+            members.remove(max(members, key=lambda i: (cached[i], -len(contexts[i]))))
 
     for a, b in zip(order, order[1:]):
-        shared = common_prefix(contexts[a], contexts[b])
-        if shared >= max(cached[a], cached[b]) + min_shared:
-            length = shared if len(run) == 1 else min(length, shared)
+        if common_prefix(contexts[a], contexts[b]) >= max(cached[a], cached[b]) + min_shared:
             run.append(b)
         else:
             close()
-            run, length = [b], 0
+            run = [b]
     close()
     return groups
 
