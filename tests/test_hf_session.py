@@ -122,7 +122,6 @@ def test_a_group_that_falls_short_keeps_the_members_that_can_share():
     assert shared_prefix_groups(contexts, [40, 0, 20], min_shared=8) == [([1, 2], 30)]  # the 40 leaves first
 
 
-
 def sharing_requests(tokenizer, questions: int = 2, samples: int = 3) -> tuple[list[GenerationRequest], list]:
     """Several samples of each question after the same instructions (a GRPO rollout's first turn)."""
     instructions = tokenizer("Solve the question below by searching a search engine, then answer it. "
