@@ -2,7 +2,7 @@
 on the learning test's world (:mod:`training.box_world`: five boxes per search, one full; the reward
 counts what was opened), both tables from one run.
 
-    python scripts/compare_estimators.py                          # 5 estimators + 4 aggregations, seeds 0 1 2
+    python scripts/compare_estimators.py                          # 7 estimators + 4 aggregations, seeds 0 1 2
     python scripts/compare_estimators.py --estimators grpo rloo --seeds 0 1 2 3 4 --updates 10
     python scripts/compare_estimators.py --tables aggregations --agg-estimator grpo
 
@@ -17,7 +17,10 @@ held-out questions before and after PPO. Estimators (the ``estimators`` table):
 - ``dr_grpo``: Dr. GRPO, the group mean only, and the loss summed over each sequence's tokens divided
   by a constant (``loss_agg: seq_mean_token_sum_norm``);
 - ``rloo``: leave-one-out group mean;
-- ``reinforce_pp``: REINFORCE++, the batch-whitened token-level return-to-go.
+- ``reinforce_pp``: REINFORCE++, the batch-whitened token-level return-to-go;
+- ``reinforce_pp_baseline``: REINFORCE++-baseline, the group mean subtracted, then whitened over the batch;
+- ``gspo``: GSPO, grpo's advantages with one length-normalised ratio per sequence clipped per sequence
+  (``policy_loss: gspo``), its paper's ``loss_agg: seq_mean_token_mean`` and clip range 3e-4 / 4e-4.
 
 The ``aggregations`` table runs one estimator (``--agg-estimator``, default ``rloo``) with each
 ``loss_agg`` (token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm; formulas in
@@ -55,6 +58,9 @@ ESTIMATORS = {
     "dr_grpo": {"advantage": "grpo", "grpo_std_normalize": False, "loss_agg": "seq_mean_token_sum_norm"},
     "rloo": {"advantage": "rloo"},
     "reinforce_pp": {"advantage": "reinforce_pp"},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline"},
+    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean", "clip_low": 3e-4,
+             "clip_high": 4e-4},
 }
 TABLES = ("estimators", "aggregations")
 ROW_LABEL = {"estimators": "estimator", "aggregations": "loss_agg"}

@@ -7,8 +7,9 @@ Each check is one PPO update of :func:`training.ppo.train` on the learning test'
 (:mod:`training.box_world`: a 2-layer random Llama taught the protocol by 60 plain supervised
 steps, five boxes per search, so rewards differ between samples), rolled out by the HF
 engine (KV cache across turns, constrained verdicts) on the device, with LoRA:
-every advantage estimator (gae with its critic, grpo, Dr. GRPO, rloo, reinforce, reinforce_pp), a
-sequence-level loss aggregation, truncated importance sampling, and DeepSpeed ZeRO-2 when
+every advantage estimator (gae with its critic, grpo, Dr. GRPO, rloo, reinforce, reinforce_pp,
+reinforce_pp_baseline), GSPO's sequence-level policy loss, a sequence-level loss aggregation, truncated
+importance sampling, and DeepSpeed ZeRO-2 when
 ``deepspeed`` is importable (one process). No SFT, no faiss, no vLLM, no network: it runs on an
 image with torch, transformers, accelerate and peft only.
 
@@ -39,6 +40,9 @@ CHECKS = {
     "rloo": {"advantage": "rloo"},
     "reinforce": {"advantage": "reinforce"},
     "reinforce_pp": {"advantage": "reinforce_pp", "kl_coef": 0.01},
+    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline"},
+    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean", "clip_low": 3e-4,
+             "clip_high": 4e-4},
     "grpo+tis": {"advantage": "grpo", "tis": "token", "loss_agg": "seq_mean_token_mean"},
 }
 

@@ -62,6 +62,24 @@ def test_variants_fix_the_estimator_and_vary_the_aggregation():
         "estimators"]
 
 
+def test_the_estimator_table_names_valid_settings():
+    """Every row is a valid PPOConfig override; the frontier rows are the named combinations they say."""
+    from training.config import PPOConfig
+
+    table = compare_estimators.ESTIMATORS
+    assert list(table) == ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo"]
+    for overrides in table.values():
+        PPOConfig(**overrides)
+    assert table["reinforce_pp_baseline"] == {"advantage": "reinforce_pp_baseline"}
+    assert table["gspo"] == {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean",
+                             "clip_low": 3e-4, "clip_high": 4e-4}
+    default = compare_estimators.variants(compare_estimators.parse_args([]))
+    assert {"reinforce_pp_baseline", "gspo"} <= set(default["estimators"])
+    # gspo as the aggregation table's estimator: its loss_agg gives way to each row's
+    found = compare_estimators.variants(compare_estimators.parse_args(["--agg-estimator", "gspo"]))
+    assert found["aggregations"]["token_mean"] == {**table["gspo"], "loss_agg": "token_mean"}
+
+
 def test_real_runs_fill_both_tables(tmp_path, monkeypatch, capsys):
     """Two tiny PPO runs (1 update, 1 seed) from the random base policy instead of the SFT warm start
     (the warm start is the learning test's): rloo, then seq_mean_token_sum with rloo; rloo with its
@@ -90,3 +108,15 @@ def test_real_runs_fill_both_tables(tmp_path, monkeypatch, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"best_estimator=rloo precision_gain=-?\d\.\d{3} "
                         r"best_loss_agg=(token_mean|seq_mean_token_sum) loss_agg_precision_gain=-?\d\.\d{3}", last)
+    # eval.json names its held-out questions by digest, so runs pooled question by question can be checked
+    from training.seed_spread import RunFolderError, check_same_eval_questions
+
+    folders = [tmp_path / "rloo-seed0", tmp_path / "agg-seq_mean_token_sum-seed0"]
+    digests = [json.loads((f / "eval.json").read_text())["question_digests"] for f in folders]
+    assert digests[0] == digests[1] and len(digests[0]) == 24 and len(set(digests[0])) == 24
+    check_same_eval_questions(folders)
+    report = json.loads((folders[1] / "eval.json").read_text())
+    report["question_digests"][3] = "0" * 16
+    (folders[1] / "eval.json").write_text(json.dumps(report))
+    with pytest.raises(RunFolderError, match="positions"):
+        check_same_eval_questions(folders)

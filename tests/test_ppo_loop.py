@@ -132,7 +132,7 @@ def test_config_yaml_cli_overrides_and_unknown_keys(tmp_path):
                                       "lora": {"r": 32, "alpha": 64}, "env": {"top_k": 3}}))
     cfg = load_config(PPOConfig, ["--config", str(recipe), "--lora.r", "8", "--updates=3", "--resume",
                                   "--env.max_actions", "4", "--dual_clip", "3", "--sft_checkpoint", "null",
-                                  "--kl-mode", "loss"])
+                                  "--kl-mode", "loss", "--kl_estimator", "k3"])
     assert cfg.model == "smollm2-135m" and cfg.updates == 3 and cfg.lr_actor == 2e-6 and cfg.resume is True
     assert cfg.lora.r == 8 and cfg.lora.alpha == 64 and cfg.env == {"top_k": 3, "max_actions": 4}
     assert cfg.dual_clip == 3.0 and isinstance(cfg.dual_clip, float) and cfg.kl_mode == "loss"

@@ -6,8 +6,9 @@ the tokens the policy generated. Every registered estimator has ONE signature,
 the formula functions below it take plain tensors and are what the tests check by hand.
 
 Registered: ``gae`` (critic), ``grpo`` (group mean, std-normalised; ``std_normalize=False`` is
-Dr. GRPO), ``rloo`` (leave-one-out group mean), ``reinforce`` (batch-mean baseline) and
-``reinforce_pp`` (REINFORCE++: token-level return-to-go, KL in the reward, whitened over the batch).
+Dr. GRPO), ``rloo`` (leave-one-out group mean), ``reinforce`` (baseline: the mean score over every process's batch) and
+``reinforce_pp`` (REINFORCE++: token-level return-to-go, KL in the reward, whitened over the batch) and
+``reinforce_pp_baseline`` (REINFORCE++-baseline: R − group mean, whitened over the batch).
 The group baselines (grpo, rloo) give 0 to a question whose samples all got the same reward.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from training.ppo_core import _as, _reduce_sum, masked_whiten
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[[AdvantageBatch], tuple[torch.Tensor, torch.Tensor]]] = {}
-GROUP_ESTIMATORS = ("grpo", "rloo")  # baselines from a question's own samples
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_pp_baseline")  # baselines from a question's own samples
 CRITIC_ESTIMATORS = ("gae",)
 
 
@@ -218,10 +219,23 @@ def reinforce_advantages(
     return (returns - b) * m, returns
 
 
+def global_mean(scores: torch.Tensor, accelerator=None) -> torch.Tensor:
+    """Mean of ``scores`` (B,) over the rows of ALL processes (each may hold a different B) -> scalar.
+    One process: ``scores.mean()``. The local sum and count are reduced as scalars."""
+    sums = torch.stack([scores.detach().to(torch.float64).sum(),
+                        torch.tensor(float(scores.numel()), dtype=torch.float64, device=scores.device)])
+    total, count = _reduce_sum(sums, accelerator).unbind()
+    return (total / count.clamp(min=1.0)).to(scores.dtype)
+
+
 @register_estimator("reinforce")
 def reinforce_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reinforce_advantages` with b the mean score over every process's episodes (as GAE and
+    REINFORCE++ whiten over all processes)."""
     batch.need("scores")
-    return reinforce_advantages(batch.scores, batch.model_mask)
+    scores = batch.scores if batch.scores.is_floating_point() else batch.scores.float()
+    baseline = global_mean(scores, batch.accelerator).expand_as(scores)
+    return reinforce_advantages(scores, batch.model_mask, baseline=baseline)
 
 
 @torch.no_grad()
@@ -247,6 +261,35 @@ def reinforce_pp_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.T
     batch.need("token_rewards")
     returns = returns_to_go(batch.token_rewards, batch.model_mask, batch.gamma)
     return masked_whiten(returns, batch.model_mask, accelerator=batch.accelerator), returns
+
+
+@torch.no_grad()
+def reinforce_pp_baseline_advantages(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor | Sequence[Hashable],
+    model_mask: torch.Tensor,
+    accelerator=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline (Hu et al. 2025; verl's compute_reinforce_plus_plus_baseline_outcome_advantage):
+    a_i = R_i − mean_g on every model token of episode i, then A = whiten(a) over the model tokens of
+    every process (mean and unbiased std of the (B, T) token values, so long episodes weigh more).
+
+    scores: (B,) terminal rewards R; group_ids: (B,) one id per prompt; model_mask: (B, T) ->
+    advantages (B, T), returns (B, T) = R broadcast over model tokens. A group of one sample has
+    a_i = 0 before whitening (as grpo and rloo); after it, a group whose samples all scored the same
+    gets −μ/σ (the batch's token mean of a, not 0).
+    """
+    count, mean, _ = _group_moments(scores, group_ids)
+    deviations, returns = _per_token(scores.to(torch.float64) - mean, count, scores, model_mask)
+    return masked_whiten(deviations, model_mask, accelerator=accelerator), returns
+
+
+@register_estimator("reinforce_pp_baseline")
+def reinforce_pp_baseline_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reinforce_pp_baseline_advantages`, whitened over every process's model tokens."""
+    batch.need("scores", "group_ids")
+    scores = batch.scores if batch.scores.is_floating_point() else batch.scores.float()
+    return reinforce_pp_baseline_advantages(scores, batch.group_ids, batch.model_mask, batch.accelerator)
 
 
 # --------------------------------------------------------------------------- per-verdict credit

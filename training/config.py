@@ -24,7 +24,9 @@ from envs.typed_config import (  # noqa: F401  (re-exported: the loader every en
 )
 
 ANSWER_CREDITS = ("episode", "answer")  # PPOConfig.answer_credit (training/answer_credit.py)
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce")  # one value per episode: a reward term can have its own
+# one value per episode: a reward term can have its own
+OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce", "reinforce_pp_baseline")
+POLICY_LOSSES = ("ppo", "gspo")  # PPOConfig.policy_loss (docs/rl_algorithms.md, "Policy losses")
 
 
 @dataclass
@@ -112,9 +114,13 @@ class PPOConfig:
     vllm: VLLMSettings = field(default_factory=VLLMSettings)  # used when rollout_engine == "vllm"
     rollout_batch_size: int = 16  # rows per HF generation batch
     rollout_merge_lora: bool = True  # HF engine + LoRA: roll out on a merged copy (faster; synced every update)
+    # rollout sampling temperature τ > 0; the trainer's old, new and reference log-probs (and the entropy)
+    # are those of softmax(z / τ) too, the distribution sampled from (README, "Temperature and top_p")
     temperature: float = 1.0
     # judgement form: verdicts drawn among the yes/no tokens (rollouts, evaluation, loss)
     constrain_verdicts: bool = True
+    # < 1: nucleus sampling. The sampler's μ is then not π_old = softmax(z / τ): refused with
+    # old_logprobs: sampler (recompute, with tis: token correcting μ → π_old)
     top_p: float = 1.0
     max_turn_tokens: int = 256
     max_context_tokens: int = 4096
@@ -133,12 +139,23 @@ class PPOConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None  # e.g. 3.0
+    # "ppo": per-token ratio clip; "gspo": GSPO's sequence ratio (length-normalised), clipped per sequence
+    # (training/policy_losses.py). GSPO's paper uses loss_agg: seq_mean_token_mean and clip_low 3e-4, clip_high 4e-4
+    policy_loss: str = "ppo"
     value_clip: float | None = 0.5
     vf_coef: float = 1.0
     entropy_coef: float = 0.001
     kl_coef: float = 0.001
     kl_mode: str = "reward"  # "reward": −β·KL in the token rewards; "loss": β·KL added to the loss
-    kl_estimator: str = "k1"  # k1 | k2 | k3
+    # adaptive KL controller (Ziegler et al. 2019; training/kl_control.py): kl_coef is the initial β, moved
+    # after each update toward a measured KL of kl_target over kl_horizon episodes; null: β = kl_coef fixed.
+    # Not target_kl (the early stop of an update's optimizer steps)
+    kl_target: float | None = None
+    kl_horizon: int = 10000
+    # k1 | k2 | k3 | exact. As a loss (kl_mode: loss) k2's gradient is that of KL(π‖π_ref) and k3's that of
+    # KL(π_ref‖π); k1's expected gradient is 0 (refused). "exact": the two-way verdicts' exact KL(π‖π_ref) over
+    # yes/no, no sampling variance (kl_tokens: verdicts with constrained verdicts only). docs/rl_algorithms.md
+    kl_estimator: str = "k1"
     # "verdicts": the KL term on the judgement form's constrained verdict tokens only (the reference pass
     # skips rows without one): anchors how often the policy says yes to the warm start's rate, leaves the text free
     kl_tokens: str = "all"
@@ -148,14 +165,16 @@ class PPOConfig:
     old_logprobs: str = "recompute"
     gamma: float = 1.0
     lam: float = 1.0
-    advantage: str = "gae"  # gae (critic) | grpo | rloo | reinforce | reinforce_pp (README: the formulas)
+    # gae (critic) | grpo | rloo | reinforce | reinforce_pp | reinforce_pp_baseline (docs/rl_algorithms.md)
+    advantage: str = "gae"
     grpo_std_normalize: bool = True  # grpo: divide by the group's std (false: Dr. GRPO)
     # how per-token losses become one: token_mean | seq_mean_token_mean | seq_mean_token_sum |
     # seq_mean_token_sum_norm (divides by loss_agg_norm_tokens, a constant; null: max_context_tokens)
     loss_agg: str = "token_mean"
     loss_agg_norm_tokens: int | None = None
-    # off-policy correction of the sampler against the trainer's recomputed old log-probs:
-    # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap])
+    # off-policy correction of the sampler against the trainer's recomputed old log-probs, w = exp(old − sampler):
+    # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap]).
+    # With top_p < 1 it also corrects the nucleus μ → π_old (the HF sampler's log-probs are μ's)
     # DAPO dynamic sampling: drop questions whose samples all got the same reward, refill with up to
     # dynamic_sampling_max_rounds extra rollout rounds of new questions (logged: dynamic_groups_dropped, ...)
     dynamic_sampling: bool = False
@@ -182,7 +201,7 @@ class PPOConfig:
     verdict_credit_centred: bool = False
     # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
     # advantage of the reward's answer term alone, so what the selection term paid does not steer the
-    # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce)
+    # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce, reinforce_pp_baseline)
     answer_credit: str = "episode"
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
     max_grad_norm: float = 1.0
@@ -203,8 +222,10 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         check_env_overrides(self.env)
-        choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3"), "kl_tokens": ("all", "verdicts"),
-                   "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp"),
+        choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3", "exact"),
+                   "kl_tokens": ("all", "verdicts"),
+                   "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline"),
+                   "policy_loss": POLICY_LOSSES,
                    "report_to": ("none", "wandb"), "tis": ("none", "token", "sequence"),
                    "tis_mode": ("truncate", "mask"),
                    "loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
@@ -221,6 +242,9 @@ class PPOConfig:
                                       or self.dynamic_sampling_max_rounds < 0):
             raise ConfigError("dynamic_sampling needs samples_per_question >= 2 and >= mini_batches (a kept question "
                               "must fill every mini-batch) and dynamic_sampling_max_rounds >= 0")
+        check_kl(self)
+        check_policy_loss_and_kl_control(self)
+        check_sampling(self)
         if self.micro_batch_tokens < 0:
             raise ConfigError("micro_batch_tokens must be >= 0 (0: micro_batch_size rows per micro-batch)")
         if self.overlong_buffer < 0 or (self.overlong_buffer and self.overlong_buffer >= self.overlong_max_tokens):
@@ -250,6 +274,51 @@ class PPOConfig:
                 "(32 generated questions, random expansions) is no warm start for this model. Train the paper's "
                 "warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml --model ... "
                 "--teacher_llm ...), then pass --sft_checkpoint <its output_dir>/model (also when resuming)")
+
+
+def check_kl(cfg: PPOConfig) -> None:
+    """Refuse the KL settings that would not do what they say (docs/rl_algorithms.md, "KL")."""
+    if cfg.kl_coef < 0:
+        raise ConfigError("kl_coef must be at least 0")
+    if cfg.kl_mode == "loss" and cfg.kl_estimator == "k1" and cfg.kl_coef > 0:
+        raise ConfigError("kl_estimator k1 with kl_mode loss: the expected gradient of k1 = log π − log π_ref is "
+                          "exactly 0, so the term would anchor nothing. Use k2 (gradient of KL(π‖π_ref)), k3 "
+                          "(gradient of KL(π_ref‖π)), exact (two-way verdicts), or kl_mode: reward")
+    if cfg.kl_estimator == "exact" and (cfg.kl_tokens != "verdicts" or not cfg.constrain_verdicts):
+        raise ConfigError("kl_estimator exact is the exact KL of a two-way verdict (yes/no): it needs "
+                          "kl_tokens: verdicts and constrain_verdicts: true")
+
+
+def check_policy_loss_and_kl_control(cfg: PPOConfig) -> None:
+    """Refuse GSPO with PPO's dual clip, and an adaptive KL controller that could not adapt."""
+    if cfg.policy_loss == "gspo" and cfg.dual_clip is not None:
+        raise ConfigError("dual_clip bounds PPO's per-token loss; policy_loss gspo clips one ratio per sequence "
+                          "and has no dual clip: set dual_clip: null")
+    if cfg.kl_target is not None and not cfg.kl_target > 0:
+        raise ConfigError("kl_target must be > 0 (or null: a fixed kl_coef)")
+    if cfg.kl_target is not None and cfg.kl_coef <= 0:
+        raise ConfigError("kl_target adapts kl_coef from its initial value, which must be > 0")
+    if cfg.kl_horizon <= 0:
+        raise ConfigError("kl_horizon must be > 0")
+
+
+def check_sampling(cfg: PPOConfig) -> None:
+    """Refuse sampling settings under which the rollout's log-probs would pass for π_old's, the
+    trainer's ``softmax(z / temperature)``, while they are another distribution's."""
+    if not cfg.temperature > 0:
+        raise ConfigError(f"temperature must be > 0 for PPO, not {cfg.temperature}: the trainer scores tokens "
+                          "under softmax(z / temperature), the distribution the rollout samples from")
+    if not 0 < cfg.top_p <= 1:
+        raise ConfigError(f"top_p must be in (0, 1], not {cfg.top_p}")
+    if cfg.top_p < 1 and cfg.old_logprobs == "sampler":
+        raise ConfigError(f"top_p {cfg.top_p} with old_logprobs: sampler: the sampler's log-probs are those of the "
+                          "nucleus distribution, not of π_old = softmax(z / temperature). Use old_logprobs: recompute "
+                          "(with tis: token to correct for the nucleus)")
+    if cfg.rollout_engine == "vllm" and (cfg.temperature != 1 or cfg.top_p < 1) and (
+            cfg.old_logprobs != "recompute" or cfg.tis != "none"):
+        raise ConfigError("rollout_engine vllm records raw log-probs (temperature 1, no top_p), not those of the "
+                          f"distribution it samples from (temperature {cfg.temperature}, top_p {cfg.top_p}): use "
+                          "old_logprobs: recompute with tis: none, or rollout_engine: hf")
 
 
 def check_env_overrides(env: dict[str, Any]) -> None:

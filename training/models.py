@@ -48,7 +48,7 @@ def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 1024,
                       target_mask: torch.Tensor | None = None, with_entropy: bool = False,
                       choice_mask: torch.Tensor | None = None, choice_ids: torch.Tensor | None = None,
-                      prefix: torch.Tensor | None = None, prefix_depth: int = 0
+                      prefix: torch.Tensor | None = None, prefix_depth: int = 0, temperature: float = 1.0
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(ids[t+1] | ids[≤t]) for t < T−1, and optionally the entropy of π(· | ids[≤t]).
 
@@ -58,7 +58,9 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     the token was drawn among those choices only, and its log-prob and entropy are those of the
     distribution renormalised over them (constrained verdicts). prefix: (B, T, H) or None, the
     hidden states after the first ``prefix_depth`` (frozen) decoder layers
-    (:mod:`training.frozen_prefix`): only the layers above them run.
+    (:mod:`training.frozen_prefix`): only the layers above them run. temperature: π = softmax(z / τ)
+    (verl's ``logits.div_(temperature)``), the distribution the rollout sampled from, for the
+    log-probs, the entropy and the constrained positions alike; must be > 0.
     Returns logp (B, T−1) float32 and entropy (B, T−1) float32 or None.
     The lm_head runs ``chunk`` positions at a time; with gradients each chunk is checkpointed,
     so backward keeps the hidden states, not the (N, V) logits.
@@ -80,6 +82,8 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor,
                   c_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = _head_logits(model, h_part)[None]  # (1, n, V)
+        if temperature != 1.0:
+            logits = logits.float() / temperature  # in float32, as the sampler divides
         logp = logprobs_from_logits(logits, y_part[None], chunk=None)[0]
         ent = entropy_from_logits(logits, chunk=None)[0] if with_entropy else torch.zeros_like(logp)
         if constrained:
@@ -108,10 +112,11 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
 class PolicyModel(nn.Module):
     """The actor. ``forward`` = :func:`sequence_logprobs` (so DDP/accelerate wrap the whole computation)."""
 
-    def __init__(self, lm: nn.Module, chunk: int = 1024):
+    def __init__(self, lm: nn.Module, chunk: int = 1024, temperature: float = 1.0):
         super().__init__()
         self.lm = lm
         self.chunk = chunk
+        self.temperature = temperature  # the rollout's: log-probs and entropy of softmax(z / temperature)
 
     @property
     def is_lora(self) -> bool:
@@ -122,7 +127,7 @@ class PolicyModel(nn.Module):
                 choice_ids: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
                 prefix_depth: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         return sequence_logprobs(self.lm, input_ids, attention_mask, self.chunk, target_mask, with_entropy,
-                                 choice_mask, choice_ids, prefix, prefix_depth)
+                                 choice_mask, choice_ids, prefix, prefix_depth, self.temperature)
 
 
 class ValueHead(nn.Module):
@@ -173,7 +178,8 @@ def uses_critic(cfg: PPOConfig) -> bool:
 
 
 def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
-    """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base)."""
+    """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base).
+    The actor and the reference score tokens under ``softmax(z / cfg.temperature)``, the rollout's."""
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
     hidden_size = lm.config.get_text_config().hidden_size
     num_layers = lm.config.get_text_config().num_hidden_layers
@@ -184,17 +190,18 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
             backbone = get_peft_model(backbone, lora_config(cfg.lora, None, num_layers))
         critic = ValueHead(backbone, hidden_size)
     if cfg.lora.enabled:
-        actor = PolicyModel(get_peft_model(lm, lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk)
+        actor = PolicyModel(get_peft_model(lm, lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk,
+                            cfg.temperature)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
                                prefix=None, prefix_depth=0):  # the frozen bottom has no adapter: its cache serves both
             with torch.no_grad(), actor.lm.disable_adapter():
                 return sequence_logprobs(actor.lm, input_ids, attention_mask, actor.chunk, target_mask,
                                          choice_mask=choice_mask, choice_ids=choice_ids, prefix=prefix,
-                                         prefix_depth=prefix_depth)[0]
+                                         prefix_depth=prefix_depth, temperature=actor.temperature)[0]
     else:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False)
-        actor = PolicyModel(lm, cfg.logprob_chunk)
+        actor = PolicyModel(lm, cfg.logprob_chunk, cfg.temperature)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
                                prefix=None, prefix_depth=0):
@@ -202,7 +209,8 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
                 raise ValueError("a frozen reference copy takes no frozen-layer cache")
             with torch.no_grad():
                 return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask,
-                                         choice_mask=choice_mask, choice_ids=choice_ids)[0]
+                                         choice_mask=choice_mask, choice_ids=choice_ids,
+                                         temperature=actor.temperature)[0]
     if cfg.gradient_checkpointing:
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
         unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)

@@ -17,10 +17,11 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
    log-probs (adapter off / frozen copy; with LoRA from the frozen-layer cache too), values;
 4. token rewards: the episode reward on its last model token, −β·KL on model tokens when
    ``kl_mode == "reward"``; advantages and returns from the chosen estimator
-   (:mod:`training.advantages`: gae, grpo, rloo, reinforce, reinforce_pp); with ``tis``, the sampler's
-   tokens get importance weights toward the trainer's old policy;
+   (:mod:`training.advantages`: gae, grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline), β from
+   the KL controller (:mod:`training.kl_control`); with ``tis``, the sampler's tokens get importance
+   weights toward the trainer's old policy;
 5. ``ppo_epochs`` × ``mini_batches`` optimizer steps, each accumulating micro-batches of the
-   actor's per-token loss (clipped surrogate − entropy_coef·H [+ β·KL]) aggregated by ``loss_agg``
+   actor's per-token loss (``policy_loss``'s clipped surrogate − entropy_coef·H [+ β·KL]) aggregated by ``loss_agg``
    over the whole mini-batch on all W processes (``token_mean``: a true token mean), plus
    vf_coef · the critic's token-mean value loss;
    the first ``critic_warmup_updates`` updates train the critic only;
@@ -57,19 +58,21 @@ from envs.vector_env import SearchVectorEnv
 from training.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from training.config import PPOConfig, load_config
 from training.curves import write_curves_or_warn
-from training.dapo import EXTRA_STREAM_SEED, dynamic_sample
+from training.dapo import EXTRA_STREAM_SEED, dynamic_sample, has_verdict_signal, shaped_reward
 from training.distributed import accumulating, backward, optimizer_step, reduce_mean
 from training.inputs import REPO_ROOT, next_questions
+from training.kl_control import current_kl_coef
+from training.kl_estimators import kl_penalty
 from training.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
 from training.models import sequence_values
 from training.policy_eval import result_line
+from training.policy_losses import gspo_loss_terms
 from training.ppo_batch import micro_batches, select
 from training.ppo_core import (
     aggregate_loss,
     explained_variance,
     global_sequence_count,
     global_token_count,
-    kl_penalty,
     masked_mean,
     masked_sum,
     policy_loss_terms,
@@ -88,23 +91,29 @@ DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
 
 
 def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, mb: dict[str, torch.Tensor],
-                    n_tokens: torch.Tensor, n_sequences: torch.Tensor) -> tuple[torch.Tensor, float, float, dict]:
+                    n_tokens: torch.Tensor, n_sequences: torch.Tensor, kl_coef: float | None = None
+                    ) -> tuple[torch.Tensor, float, float, dict]:
     """One micro-batch's share of the actor's loss, aggregated by ``cfg.loss_agg``
     (:func:`training.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
 
-    Per model token: PPO's clipped surrogate (times the importance weight with ``tis``)
-    − entropy_coef·H_t (+ kl_coef·KL_t with ``kl_mode: loss``, at verdict tokens only with
-    ``kl_tokens: verdicts``). logp, entropy: (B, T).
+    Per model token: the clipped surrogate of ``cfg.policy_loss`` (PPO's per-token ratio, or GSPO's
+    sequence ratio) times the importance weight with ``tis``, − entropy_coef·H_t (+ β·KL_t with
+    ``kl_mode: loss``, at verdict tokens only with ``kl_tokens: verdicts``; β = ``kl_coef``, the KL
+    controller's current value, default ``cfg.kl_coef``). logp, entropy: (B, T).
     """
     mask = mb["model_mask"]
-    surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low,
-                                         cfg.clip_high, cfg.dual_clip)
+    if cfg.policy_loss == "gspo":
+        surrogate, stats = gspo_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low, cfg.clip_high)
+    else:
+        surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low,
+                                             cfg.clip_high, cfg.dual_clip)
     if "is_weight" in mb:
         surrogate = surrogate * mb["is_weight"]
     per_token = surrogate - cfg.entropy_coef * entropy
     if cfg.kl_mode == "loss":
         kl = kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator)
-        per_token = per_token + cfg.kl_coef * (kl * mb["choice_mask"] if cfg.kl_tokens == "verdicts" else kl)
+        beta = cfg.kl_coef if kl_coef is None else kl_coef
+        per_token = per_token + beta * (kl * mb["choice_mask"] if cfg.kl_tokens == "verdicts" else kl)
     norm = float(cfg.loss_agg_norm_tokens or cfg.max_context_tokens)
     loss = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_sequences, norm)
     return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats
@@ -140,7 +149,10 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
                                 dataclasses.replace(rollout_cfg, seed=rollout_cfg.seed + 7_000_003 * round_),
                                 run.prompt_fn)
 
-    episodes, sampling_stats = dynamic_sample(episodes, draw, n, cfg.dynamic_sampling_max_rounds)
+    episodes, sampling_stats = dynamic_sample(
+        episodes, draw, n, cfg.dynamic_sampling_max_rounds,
+        reward_of=lambda e: shaped_reward(e, cfg.overlong_max_tokens, cfg.overlong_buffer),
+        own_signal=has_verdict_signal if cfg.verdict_credit > 0 else lambda e: False)
     return episodes, sampling_stats, t_sync
 
 
@@ -164,7 +176,8 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
             stack.enter_context(accumulating(accelerator, run.actor, last))
             logp, entropy = run.actor(mb["input_ids"], mb["attention_mask"], target_mask=m, with_entropy=True,
                                       choice_mask=mb["choice_mask"], choice_ids=run.choice_ids, **prefix_of(run, mb))
-            actor_loss, p_sum, h_sum, p_stats = actor_objective(cfg, logp, entropy, mb, n_tokens, n_sequences)
+            actor_loss, p_sum, h_sum, p_stats = actor_objective(cfg, logp, entropy, mb, n_tokens, n_sequences,
+                                                                current_kl_coef(run))
             losses.append((run.actor, actor_loss * W))
             count = float(m.sum())
             sums["policy_loss"] += p_sum
@@ -233,6 +246,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
     stats.update({
         "kl": float(masked_mean(batch["old_logp"] - batch["ref_logp"], kl_scope)) if with_reference else math.nan,
         "kl_estimate": float(masked_mean(extras["kl_old"], kl_scope)) if with_reference else math.nan,
+        "kl_coef": current_kl_coef(run),  # the β of this update (kl_target: the adaptive controller's)
         "entropy": actor_mean("entropy"), "clip_frac": actor_mean("clip_frac"),
         "approx_kl": actor_mean("approx_kl"), "policy_loss": actor_mean("policy_loss"),
         **kl_summary(trained["kl_steps"] if train_actor else []),
@@ -277,6 +291,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         state = load_checkpoint(resume_from, actor=run.policy, critic=run.value_model, optimizers=run.optimizers,
                                 schedulers=run.schedulers, accelerator=accelerator)
         start_update, data_position = state["update"], state["data_position"]
+        run.kl_controller.resume(state.get("kl_coef"))  # kl_target: the adapted β, not the initial one
         accelerator.print(f"[ppo] resumed from {resume_from} (update {start_update}, data position {data_position})")
     eval_start = outcomes_start = None
     if run.eval_examples:
@@ -303,6 +318,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         stats = update_stats(run, update, episodes, batch, {**extras, "dynamic": sampling_stats}, trained,
                              train_actor, timings)
         history.append(stats)
+        # kl_target: β moves toward the target by this update's KL, over its questions × samples episodes
+        run.kl_controller.update(stats["kl_estimate"], cfg.questions_per_update * cfg.samples_per_question)
         accelerator.log(stats, step=update + 1)
         if accelerator.is_main_process:
             bar.write(f"update {update + 1}/{cfg.updates}{' (critic only)' if not train_actor else ''} "
@@ -311,7 +328,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             write_update_logs(run.out, stats, episodes, run.models.tokenizer, cfg, accelerator, bar.write)
         if (update + 1) % cfg.save_every == 0 or update + 1 == cfg.updates:
             save_checkpoint(run.out, update + 1, actor=run.policy, critic=run.value_model, optimizers=run.optimizers,
-                            schedulers=run.schedulers, state={"data_position": data_position, "seed": cfg.seed},
+                            schedulers=run.schedulers, state={"data_position": data_position, "seed": cfg.seed,
+                                                              "kl_coef": run.kl_controller.value},
                             keep=cfg.keep_checkpoints, accelerator=accelerator)
     bar.close()
     report = finish(run, eval_start, outcomes_start)
@@ -328,7 +346,7 @@ def finish(run: Run, eval_start: dict | None, outcomes_start: dict | None) -> di
     if run.eval_examples:
         eval_end, outcomes_end = evaluate(run)
         report = report_before_after(accelerator, run.out, eval_start, eval_end, outcomes_start, outcomes_end,
-                                     cfg.seed)
+                                     cfg.seed, questions=[e.question for e in run.eval_examples])
     if cfg.export and accelerator.is_main_process:
         folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
         accelerator.print(f"[ppo] exported the policy to {folder} "

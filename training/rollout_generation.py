@@ -49,9 +49,8 @@ class TurnGenerator:
         """The sampler's log-prob of ``eos_id`` after each sequence (see :func:`eos_logprobs`)."""
         if self.session is None or not sequences:
             return eos_logprobs(self.backend, sequences, eos_id, temperature, top_k, top_p)
-        processed = getattr(self.backend, "logprobs_mode", "raw") == "processed"
         logits = self.session.next_logits(sequences, keys)  # [b, V] float32
-        return _eos_from_logits(logits, eos_id, (temperature, top_k, top_p) if processed else None)
+        return _eos_from_logits(logits, eos_id, eos_sampling(self.backend, temperature, top_k, top_p))
 
     def release(self, keys: Sequence[Hashable]) -> None:
         """Episodes that ended: their caches (and any states not taken) are no longer needed."""
@@ -67,7 +66,8 @@ def eos_logprobs(backend: LLMBackend, sequences: list[list[int]], eos_id: int, t
 
     HF (a backend with a torch ``model``): one batched, left-padded forward pass, last position
     only; ``logprobs_mode="raw"`` gives ``log_softmax(logits)[eos]``, ``"processed"`` applies
-    temperature / top-k / top-p like the sampler (``0.0`` when greedy, ``-inf`` if EOS is cut).
+    temperature / top-k / top-p like the sampler (``0.0`` when greedy, ``-inf`` if EOS is cut),
+    ``"sampled"`` does the same when ``temperature > 0`` and gives the raw value when greedy.
     vLLM (a backend with an ``llm`` engine): the sequence plus EOS is submitted with
     ``prompt_logprobs=0`` and ``max_tokens=1``; the last prompt position's entry is EOS's
     log-prob. vLLM computes prompt log-probs from the raw logits, so this matches the default
@@ -78,9 +78,19 @@ def eos_logprobs(backend: LLMBackend, sequences: list[list[int]], eos_id: int, t
     if getattr(backend, "llm", None) is not None and hasattr(backend, "_vllm"):
         return _vllm_eos_logprobs(backend, sequences, eos_id)
     if getattr(backend, "model", None) is not None:
-        processed = getattr(backend, "logprobs_mode", "raw") == "processed"
-        return _hf_eos_logprobs(backend, sequences, eos_id, (temperature, top_k, top_p) if processed else None)
+        return _hf_eos_logprobs(backend, sequences, eos_id, eos_sampling(backend, temperature, top_k, top_p))
     raise NotImplementedError(f"EOS log-probs need a local model (hf) or engine (vllm), not {backend.name!r}")
+
+
+def eos_sampling(backend: LLMBackend, temperature: float, top_k: int,
+                 top_p: float) -> tuple[float, int, float] | None:
+    """The sampling filters an HF backend's ``logprobs_mode`` applies to a token's log-prob:
+    ``(temperature, top_k, top_p)`` for ``"processed"`` (greedy included) and for ``"sampled"``
+    when ``temperature > 0``; None (the raw log-prob) otherwise."""
+    mode = getattr(backend, "logprobs_mode", "raw")
+    if mode == "processed" or (mode == "sampled" and temperature > 0):
+        return temperature, top_k, top_p
+    return None
 
 
 def _hf_eos_logprobs(backend: Any, sequences: list[list[int]], eos_id: int,

@@ -58,7 +58,8 @@ WARM_START_OUTPUT_FIELDS = ("output_dir", "report_to", "progress", "logging_step
 # PPOConfig fields that cannot change the greedy evaluation of the starting policy
 TRAINING_ONLY = (
     "output_dir", "updates", "lr_actor", "lr_critic", "weight_decay", "warmup_updates", "clip_low", "clip_high",
-    "dual_clip", "value_clip", "vf_coef", "entropy_coef", "loss_agg", "loss_agg_norm_tokens", "kl_coef", "kl_mode",
+    "dual_clip", "policy_loss", "value_clip", "vf_coef", "entropy_coef", "loss_agg", "loss_agg_norm_tokens", "kl_coef",
+    "kl_mode", "kl_target", "kl_horizon",
     "kl_estimator", "kl_tokens", "target_kl", "advantage", "grpo_std_normalize", "verdict_credit",
     "verdict_credit_centred", "verdict_episode_credit", "answer_credit", "gamma", "lam", "max_grad_norm", "tis",
     "tis_cap", "tis_low", "tis_mode", "ppo_epochs", "mini_batches", "micro_batch_size", "micro_batch_tokens",

@@ -23,14 +23,18 @@ requests share the batch (up to the floating-point noise that padding and batch 
 Log-probabilities (``Completion.logprobs``), by ``logprobs_mode``:
 
 - ``"raw"`` (default): ``log_softmax(logits)[token]`` of the unmodified model, temperature 1, no
-  top-k/top-p. This is what PPO needs as the behaviour policy's log-prob and what a separate
-  full forward pass over prompt + completion reproduces.
+  top-k/top-p: what a separate full forward pass over prompt + completion reproduces.
 - ``"processed"``: the log-probability under the distribution actually sampled from
   (temperature, top-k and top-p applied, renormalised); ``0.0`` for greedy rows.
+- ``"sampled"``: ``"processed"`` for rows sampled with ``temperature > 0`` (the behaviour policy
+  μ the token was drawn from: ``log_softmax(logits / temperature)[token]`` when top-k and top-p
+  are off), ``"raw"`` for greedy rows (so a greedy evaluation still reads π(yes) of a verdict).
+  The PPO rollout engine uses it (:mod:`training.rollout_engine`); the trainer divides its logits
+  by the same temperature (:func:`training.models.sequence_logprobs`).
 
 Guided decoding: a request with ``regex`` decodes only tokens that keep its completion a prefix
 of the expression (:mod:`inference.backends.guided`, llguidance); as with ``allowed_token_ids``,
-the sample and the "raw" log-prob come from the masked logits.
+the sample and its log-prob (every mode) come from the masked logits.
 
 Stop strings: the stop string ends ``text`` exactly. ``token_ids`` end with the token that
 completed it, which may carry a few characters past the stop string (those are cut from
@@ -75,7 +79,7 @@ from inference.backends.hf_session import HFSession, session_supported
 from inference.models import DEFAULT_MODEL, ensure_pad_token, load_causal_lm, load_tokenizer, resolve_torch_dtype
 from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBackend
 
-LOGPROBS_MODES = ("raw", "processed")
+LOGPROBS_MODES = ("raw", "processed", "sampled")
 
 
 @dataclass
@@ -356,7 +360,7 @@ class HFBackend(LLMBackend):
         """Next token of every row. ``logits``: ``[b, V]`` float32. Returns token ids ``[b]`` and
         their log-probs ``[b]`` as ``logprobs_mode`` defines them. Rows with ``allowed_token_ids``
         choose among those tokens only: their logits are restricted first, so both the sample and
-        the "raw" log-prob are those of the model's distribution renormalised over the choices."""
+        its log-prob (every mode) are those of the model's distribution renormalised over the choices."""
         logits = restrict_to_allowed(logits, [row.settings.allowed_token_ids for row in rows])
         if any(row.guide is not None for row in rows):
             logits = self._guides().mask(logits, [row.guide for row in rows])
@@ -372,4 +376,6 @@ class HFBackend(LLMBackend):
         if self.logprobs_mode == "processed":
             return tokens, processed
         raw = logits.gather(1, tokens[:, None])[:, 0] - logits.logsumexp(-1)  # log_softmax at the token only
+        if self.logprobs_mode == "sampled" and sampled:  # μ's log-prob where sampled, raw where greedy
+            raw[index] = processed[index]
         return tokens, raw
