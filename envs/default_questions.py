@@ -13,7 +13,9 @@ normalised question still contains a normalised gold answer is dropped.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -226,7 +228,27 @@ def _candidates(articles: list[dict], texts: dict[str, str]) -> tuple[list[dict]
                 if q:
                     per_answer[j] += 1
                     bridges.append(q)
-    return singles, bridges
+    return _unique(singles), _unique(bridges)
+
+
+def _unique(questions: list[dict]) -> list[dict]:
+    """The first of any questions with the same text and answers (so ids are unique)."""
+    unique: dict[str, dict] = {}
+    for question in questions:
+        unique.setdefault(question_id(question), question)
+    return list(unique.values())
+
+
+def question_id(question: dict) -> str:
+    """A generated question's id: a digest of its text and answers, so it names the same question
+    in every draw (any ``n``, any seed) that contains it."""
+    text = question["question"] + "\n" + "\n".join(question["answers"])
+    return "default-" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def _bridge_count(k: int, fraction: float, n_singles: int, n_bridges: int) -> int:
+    """How many of the first ``k`` questions are bridges: non-decreasing in ``k``, by at most one."""
+    return max(min(n_bridges, math.floor(k * fraction + 0.5)), k - n_singles)
 
 
 def generate_default_questions(
@@ -236,23 +258,31 @@ def generate_default_questions(
     """Generate ``n`` questions from the default corpus (or the given corpus/article files).
 
     About ``two_hop_fraction`` of them are bridge questions (fewer if the corpus has too few
-    article pairs). The same ``seed`` and files always give the same questions.
+    article pairs). The same ``seed`` and files always give the same questions, and the draw of
+    ``n`` is the first ``n`` of any larger draw: each kind's candidates are shuffled once with
+    ``seed`` and taken in that order, so extending a run keeps its questions. Ids do not depend on
+    ``n`` or the position (:func:`question_id`).
     """
+    if not 0.0 <= two_hop_fraction <= 1.0:
+        raise ValueError(f"two_hop_fraction must be in [0, 1], not {two_hop_fraction}")
     corpus_path = corpus_path or default_corpus_path()
     articles = read_articles(meta_path or default_articles_path())
     singles, bridges = _candidates(articles, _load_passages(corpus_path))
     if n > len(singles) + len(bridges):
         raise ValueError(f"asked for {n} questions but the corpus supports only {len(singles) + len(bridges)}")
     rng = random.Random(seed)
-    n_bridge = min(len(bridges), round(n * two_hop_fraction))
-    n_bridge = max(n_bridge, n - len(singles))
-    chosen = rng.sample(bridges, n_bridge) + rng.sample(singles, n - n_bridge)
-    rng.shuffle(chosen)
+    rng.shuffle(bridges)
+    rng.shuffle(singles)
+    chosen, taken = [], 0
+    for k in range(1, n + 1):
+        bridge_count = _bridge_count(k, two_hop_fraction, len(singles), len(bridges))
+        chosen.append(bridges[taken] if bridge_count > taken else singles[k - 1 - taken])
+        taken = bridge_count
     return [
         QAExample(
-            id=f"default-s{seed}-{k:05d}", question=q["question"], golden_answers=tuple(q["answers"]),
+            id=question_id(q), question=q["question"], golden_answers=tuple(q["answers"]),
             positive_ids=tuple(q["positive_ids"]), positive_titles=tuple(q["titles"]),
             metadata={"dataset": DATASET, "type": q["kind"], "topic": q["topic"], "seed": seed},
         )
-        for k, q in enumerate(chosen)
+        for q in chosen
     ]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
+from envs.question_match import mismatched_ids, record_digests
 from inference.analysis_momentum import cosine, round_embedding
 
 Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> (n, D)
@@ -221,13 +222,16 @@ def conflict_split(records: Sequence[dict], vs_records: Sequence[dict], metric: 
     (its ``metric`` >= ``threshold``: the knowledge-conflict set) and wrong (the utilisation set).
 
     Questions in only one run, or whose ``metric`` is missing in the vanilla run, are counted and left out.
+    So are ids naming different question texts in the two runs (``mismatched_questions``; the
+    command line refuses such runs outright).
     """
+    mismatched = set(mismatched_ids(record_digests(records), record_digests(vs_records)))
     vs_score = {r["id"]: _metric(r, metric) for r in vs_records
                 if isinstance(r, dict) and isinstance(r.get("id"), (str, int))}
     run_ids = {r["id"] for r in records}
     conflict, utilisation, no_metric = [], [], 0
     for record in records:
-        if record["id"] not in vs_score:
+        if record["id"] not in vs_score or str(record["id"]) in mismatched:
             continue
         score = vs_score[record["id"]]
         if score is None:
@@ -239,7 +243,7 @@ def conflict_split(records: Sequence[dict], vs_records: Sequence[dict], metric: 
     return {"split_metric": metric, "threshold": threshold,
             "conflict": subset_scores(conflict), "utilisation": subset_scores(utilisation),
             "missing_in_vs": len(run_ids - set(vs_score)), "missing_in_run": len(set(vs_score) - run_ids),
-            "vs_without_metric": no_metric}
+            "vs_without_metric": no_metric, "mismatched_questions": len(mismatched)}
 
 
 # ----- 6. distributions -------------------------------------------------------------------------

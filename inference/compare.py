@@ -1,10 +1,12 @@
 """Paired comparison of evaluation runs: ``python -m inference.evaluate --compare A B``.
 
-Questions are paired by id. For each metric the difference B − A on the questions both runs
-hold is reported with a paired bootstrap 95% interval (:mod:`envs.bootstrap`: questions
-resampled with replacement, the same draw for both runs); an interval that excludes 0 marks a
-difference unlikely to be noise of the question sample. Answer metrics, reward and per-question
-counts are means over questions; selection precision and the positive open rate are pooled, as
+Questions are paired by id, after checking that each shared id names the same question text in
+both runs (a mismatch is refused: :class:`envs.question_match.QuestionMismatchError`). For each
+metric the difference B − A on the questions both runs hold is reported with a paired bootstrap
+95% interval (:mod:`envs.bootstrap`: questions resampled with replacement, the same draw for both
+runs); an interval that excludes 0 marks a difference unlikely to be noise of the question sample.
+Answer metrics, reward and per-question counts are means over questions; selection precision and
+the positive open rate are pooled, as
 :func:`envs.report.summarize_episodes` pools them.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.bootstrap import RESAMPLES, Statistic, mean_of, paired_bootstrap, pooled_ratio
+from envs.question_match import check_same_questions, record_digests
 from envs.report import episode_reward
 from inference.shards import run_records, shard_files
 
@@ -79,8 +82,10 @@ def load_run_records(run: str | Path) -> list[dict]:
 
 
 def compare_records(baseline: Sequence[dict], other: Sequence[dict], resamples: int = RESAMPLES,
-                    seed: int = 0) -> dict:
-    """The paired comparison of two runs' records: ``other`` − ``baseline`` per metric."""
+                    seed: int = 0, baseline_name: str = "the baseline", other_name: str = "the other run") -> dict:
+    """The paired comparison of two runs' records: ``other`` − ``baseline`` per metric. Raises
+    :class:`envs.question_match.QuestionMismatchError` when an id names different questions in the two runs."""
+    check_same_questions(record_digests(baseline), record_digests(other), baseline_name, other_name)
     by_id = {r["id"]: r for r in baseline}
     shared = [r["id"] for r in other if r["id"] in by_id]
     other_by_id = {r["id"]: r for r in other}
@@ -108,7 +113,7 @@ def compare_runs(runs: Sequence[str | Path], resamples: int = RESAMPLES, seed: i
     baseline = load_run_records(runs[0])
     comparisons = []
     for run in runs[1:]:
-        report = compare_records(baseline, load_run_records(run), resamples, seed)
+        report = compare_records(baseline, load_run_records(run), resamples, seed, str(runs[0]), str(run))
         comparisons.append({"baseline": str(runs[0]), "run": str(run), **report})
     return {"baseline": str(runs[0]), "comparisons": comparisons}
 

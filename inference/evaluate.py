@@ -29,12 +29,13 @@ from tqdm import tqdm
 import methods
 from envs.atomic import write_json_atomic
 from envs.data import load_questions
+from envs.question_match import QuestionMismatchError, check_same_questions, question_digest, record_digests
 from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import ConfigError, read_recipe
 from inference.backends import load_backend
 from inference.backends.chat import THINKING_MODES
 from inference.compare import CompareError, compare_runs, format_comparison
-from inference.predictions import PredictionWriter, load_predictions
+from inference.predictions import PredictionsFileError, PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
 from inference.run_setup import (
     DEFAULT_LLM,
@@ -249,21 +250,33 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     examples = load_examples(args)
     ids = [e.id for e in examples]
     own = predictions_file(out, shard)
-    done = {r["id"] for r in run_records(out, own)}
+    done = {r["id"] for r in checked_run_records(out, own, examples)}
     mine = shard.take(examples)
     todo = [e for e in mine if e.id not in done]
     where = f" [shard {shard}]" if shard.sharded else ""
     print(f"{args.method}{where}: {len(mine)} questions, {len(mine) - len(todo)} already done, {len(todo)} to run "
           f"-> {out}", file=sys.stderr)
-    write_plan(out, ids)
+    write_plan(out, ids, {e.id: question_digest(e.question) for e in examples})
     if todo:
         run_shard(args, config, method, base_env, todo, own, position=shard.local_rank if shard.sharded else None)
-    records, missing = merge_run(out, ids)
+    records, missing = merged_records(out, ids)
     if missing:
         print(f"{args.method}{where}: done; {len(missing)} questions are still running in other shards (the last "
               f"process to finish merges; or run --merge --out {out})", file=sys.stderr)
         return None
     return finish_run(args, config, records)
+
+
+def checked_run_records(out: Path, own: Path | None, examples: list) -> list[dict]:
+    """The predictions already in ``out``, after checking that each id still names the question it
+    named there (a changed question file would otherwise resume with other questions mixed in)."""
+    try:
+        records = run_records(out, own)
+        check_same_questions(record_digests(records), {e.id: question_digest(e.question) for e in examples},
+                             f"the predictions in {out}", "this run's questions")
+    except (QuestionMismatchError, PredictionsFileError) as err:
+        raise SystemExit(f"{err}; use another --out or --overwrite") from err
+    return records
 
 
 def run_shard(args: argparse.Namespace, config: dict, method, base_env, todo: list, path: Path,
@@ -297,6 +310,14 @@ def finish_run(args: argparse.Namespace, config: dict, records: list[dict]) -> d
     return metrics
 
 
+def merged_records(out: Path, ids: list[str]) -> tuple[list[dict], list[str]]:
+    """:func:`inference.shards.merge_run`, its refusals (an id naming two questions) as a clear exit."""
+    try:
+        return merge_run(out, ids)
+    except PredictionsFileError as err:
+        raise SystemExit(str(err)) from err
+
+
 def merge(args: argparse.Namespace) -> dict:
     """``--merge``: the run's shards into ``predictions.jsonl`` and its ``metrics.json``."""
     out = Path(args.out)
@@ -304,7 +325,7 @@ def merge(args: argparse.Namespace) -> dict:
         ids = read_plan(out)
     except FileNotFoundError as err:
         raise SystemExit(str(err)) from err
-    records, missing = merge_run(out, ids)
+    records, missing = merged_records(out, ids)
     if missing:
         raise SystemExit(f"{out}: {len(missing)} of {len(ids)} questions have no prediction yet (e.g. {missing[:3]}); "
                          "run the launch again (it resumes) before merging")
@@ -349,6 +370,8 @@ def compare_paired(runs: list[str], out: str | None) -> str:
     (default: the first run's folder)."""
     try:
         comparison = compare_runs(runs)
+    except QuestionMismatchError as err:
+        raise SystemExit(f"--compare: {err}; these runs cannot be paired by id") from err
     except CompareError as err:
         return f"no paired comparison: {err}"
     target = Path(out or runs[0]) / "compare.json"

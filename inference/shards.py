@@ -26,14 +26,15 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from envs.atomic import write_json_atomic, write_jsonl_atomic
-from inference.predictions import load_predictions
+from envs.question_match import QuestionMismatchError, check_same_questions, record_digests
+from inference.predictions import PredictionsFileError, load_predictions
 
 T = TypeVar("T")
 SHARD_DIR = "shards"
@@ -149,7 +150,12 @@ def run_records(out: Path, own: Path | None = None) -> list[dict]:
     files may be being written by other processes and are read as they are."""
     records: dict[str, dict] = {}
     for path in [out / "predictions.jsonl", *shard_files(out)]:
-        for record in load_predictions(path, repair=own is not None and path == own):
+        loaded = load_predictions(path, repair=own is not None and path == own)
+        try:
+            check_same_questions(record_digests(records.values()), record_digests(loaded), f"{out}", f"{path}")
+        except QuestionMismatchError as err:
+            raise PredictionsFileError(str(err)) from err
+        for record in loaded:
             records.setdefault(record["id"], record)
     return list(records.values())
 
@@ -161,10 +167,11 @@ def clear_shards(out: Path) -> None:
     (out / PLAN_FILE).unlink(missing_ok=True)
 
 
-def write_plan(out: Path, ids: Sequence[str]) -> None:
-    """Record the run's question list (kept after merging), so that ``--merge`` needs nothing but
-    the folder."""
-    write_json_atomic({"ids": list(ids)}, out / PLAN_FILE)
+def write_plan(out: Path, ids: Sequence[str], digests: Mapping[str, str] | None = None) -> None:
+    """Record the run's question list (kept after merging) and the digest of each question's text
+    (:func:`envs.question_match.question_digest`), so that ``--merge`` needs nothing but the folder
+    and checks that each id still names its question."""
+    write_json_atomic({"ids": list(ids), **({"digests": dict(digests)} if digests else {})}, out / PLAN_FILE)
 
 
 def read_plan(out: Path) -> list[str]:
@@ -172,6 +179,12 @@ def read_plan(out: Path) -> list[str]:
     if not path.exists():
         raise FileNotFoundError(f"{out}: no run to merge ({path} is missing)")
     return list(json.loads(path.read_text())["ids"])
+
+
+def plan_digests(out: Path) -> dict[str, str]:
+    """The question digests of the plan (none for a plan written before they were recorded)."""
+    path = out / PLAN_FILE
+    return dict(json.loads(path.read_text()).get("digests") or {}) if path.exists() else {}
 
 
 @contextmanager
@@ -194,6 +207,11 @@ def merge_run(out: Path, ids: Sequence[str]) -> tuple[list[dict], list[str]]:
     """
     with run_lock(out):
         records = {r["id"]: r for r in run_records(out)}
+        try:
+            check_same_questions(plan_digests(out), record_digests(records.values()), f"{out / PLAN_FILE}",
+                                 f"the predictions in {out}")
+        except QuestionMismatchError as err:
+            raise PredictionsFileError(str(err)) from err
         missing = [i for i in ids if i not in records]
         if not missing and shard_files(out):
             wanted = set(ids)

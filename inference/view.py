@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from envs.atomic import atomic_write
+from envs.question_match import QuestionMismatchError, check_same_questions, record_digests
 from inference.compare import CompareError, compare_records
 from inference.predictions import PredictionsFileError, load_predictions
 from inference.run_metrics import summarize, with_current_names
@@ -149,6 +150,11 @@ def render_page(runs: list[dict]) -> str:
 def write_view(runs: list[str | Path], out: str | Path, max_chars: int = DEFAULT_MAX_TEXT_CHARS,
                prompts: bool = False) -> Path:
     loaded = [load_run(run, max_chars, prompts) for run in runs]
+    if len(loaded) == 2 and all(r["kind"] == "evaluation" for r in loaded):  # the page pairs them by id
+        try:
+            check_same_questions(*(record_digests(r["records"]) for r in loaded), *(r["path"] for r in loaded))
+        except QuestionMismatchError as err:
+            raise RunViewError(str(err)) from err
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out) as handle:

@@ -14,6 +14,14 @@ corpus's article titles and descriptions; ``--queries questions`` for the ~40-wo
 generated questions). Each mode prints QPS, p50/p99 latency, errors and the mean batch (from the
 server's ``/health``); the last line is ``errors=<all modes> microbatch_speedup=<uvicorn batched
 QPS / one-at-a-time QPS>``.
+
+``--engines fairness`` (default limits): ``--small-clients`` clients sending one short query each,
+alone, then beside one client sending the largest valid request again and again (every query at
+``max_query_chars``, as many as ``max_queries_per_request``, ``k`` at ``max_hits_per_request``),
+then beside that and ``--abusers`` clients of each abuse (1 MB headers, slowloris heads at a byte
+per 0.5 s, idle connections). The last line then adds ``small_p99_ms=`` (alone),
+``small_p99_beside_maximal_ms=``, ``small_p99_under_abuse_ms=`` and ``abuse_served=`` (abusive
+requests the server answered 200: 0); ``errors=`` counts every normal and maximal request.
 """
 from __future__ import annotations
 
@@ -102,6 +110,95 @@ def run_clients(url: str, pool: list[str], clients: int, seconds: float, k: int)
     }
 
 
+def maximal_body(limits: ServerLimits) -> dict:
+    """The largest request the server accepts: every query at its length cap, k at the hits cap."""
+    n, chars = limits.max_queries_per_request, limits.max_query_chars
+    queries = [(f"{i} maximal query " * chars)[:chars] for i in range(n)]
+    return {"queries": queries, "k": max(1, min(limits.max_k, limits.max_hits_per_request // n))}
+
+
+def run_maximal(url: str, body: dict, seconds: float) -> dict:
+    """One client sending the maximal request again and again for ``seconds``."""
+    latencies, errors = [], 0
+    stop_at = time.perf_counter() + seconds
+    with httpx.Client(base_url=url, timeout=600, trust_env=False) as http:
+        while time.perf_counter() < stop_at:
+            sent = time.perf_counter()
+            try:
+                ok = http.post("/search", json=body).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - sent)
+            errors += not ok
+    return {"requests": len(latencies), "errors": errors, "mean_s": statistics.fmean(latencies) if latencies else 0}
+
+
+def _abuse_thread(kind: str, port: int, stop_at: float, tally: dict, lock: threading.Lock) -> None:
+    """One abuser until ``stop_at``: ``header`` sends 1 MB headers; ``slow`` a head at a byte per
+    0.5 s; ``idle`` connects and sends nothing. Counts what the server did to it."""
+    head = b"POST /search HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    while time.perf_counter() < stop_at:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=max(1.0, stop_at - time.perf_counter())) as sock:
+                if kind == "header":
+                    try:
+                        sock.sendall(head)
+                    except OSError:
+                        pass
+                elif kind == "slow":
+                    for byte in b"POST /search HTTP/1.1\r\nhost: x\r\n" + b"x" * 10_000:
+                        if time.perf_counter() > stop_at:
+                            break
+                        sock.sendall(bytes([byte]))
+                        time.sleep(0.5)
+                answer = sock.recv(64)
+        except TimeoutError:
+            answer = b"still open"
+        except OSError:
+            answer = b""  # reset: dropped
+        outcome = "served" if answer.startswith(b"HTTP/1.1 200") else "open" if answer == b"still open" else "dropped"
+        with lock:
+            tally[f"{kind}_{outcome}"] = tally.get(f"{kind}_{outcome}", 0) + 1
+
+
+def run_abusers(url: str, seconds: float, per_kind: int) -> dict:
+    """``per_kind`` large-header, slowloris and idle clients each, for ``seconds``; their tally."""
+    port, stop_at = int(url.rsplit(":", 1)[1]), time.perf_counter() + seconds
+    tally, lock = {}, threading.Lock()
+    threads = [threading.Thread(target=_abuse_thread, args=(kind, port, stop_at, tally, lock), daemon=True)
+               for kind in ("header", "slow", "idle") for _ in range(per_kind)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 30)
+    return tally
+
+
+def measure_fairness(pool: list[str], args) -> dict:
+    """Small requests alone, beside one client sending maximal requests, and beside maximal requests
+    plus the abuse mix (large headers, slowloris heads, idle connections); default limits."""
+    retriever = default_retriever(device=args.device, cache_size=0, show_progress=False)
+    limits = ServerLimits(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)
+    body = maximal_body(limits)
+    out = {}
+    with RetrievalServer(retriever, "127.0.0.1", 0, limits).start() as server:
+        retriever.search(pool[:8], args.k)
+        small = argparse.Namespace(**{**vars(args), "clients": args.small_clients})
+        out["alone"] = measure(server.url, "small-alone", pool, small, f"k={args.k} ")
+        for name, abuse in (("beside-maximal", 0), ("beside-maximal-and-abuse", args.abusers)):
+            with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as heavy:
+                maximal = heavy.submit(run_maximal, server.url, body, args.seconds)
+                abusers = heavy.submit(run_abusers, server.url, args.seconds, abuse) if abuse else None
+                out[name] = measure(server.url, f"small-{name}", pool, small, f"k={args.k} ")
+                out[name]["maximal"] = maximal.result()
+                out[name]["abuse"] = abusers.result() if abusers else {}
+            print(f"  maximal client ({len(body['queries'])} queries x {len(body['queries'][0])} chars, "
+                  f"k={body['k']}): {out[name]['maximal']}" + (f"; abusers: {out[name]['abuse']}" if abuse else ""),
+                  flush=True)
+    return out
+
+
 def measure(url: str, name: str, pool: list[str], args, note: str = "") -> dict:
     """One mode: the clients (in a child process) against ``url``; the mean batch from ``/health``."""
     before = httpx.get(f"{url}/health", trust_env=False, timeout=60).json()["served"]
@@ -163,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--max-batch", type=int, default=256, help="batched modes' max_batch (queries)")
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--engines", default="uvicorn,ray", help="comma-separated: uvicorn, ray")
+    parser.add_argument("--engines", default="uvicorn,ray", help="comma-separated: uvicorn, ray, fairness (small "
+                        "requests alone, beside a client sending maximal requests, and beside that plus the abuse mix)")
+    parser.add_argument("--small-clients", type=int, default=8, help="fairness: clients sending one query each")
+    parser.add_argument("--abusers", type=int, default=20, help="fairness: large-header, slowloris and idle clients "
+                                                                "(each kind)")
     parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray, all for the one replica")
     parser.add_argument("--queries", default="short", choices=["short", "questions"],
                         help="query pool: article titles and descriptions, or the default generated questions")
@@ -172,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     args = parser.parse_args(argv)
     engines = {e.strip() for e in args.engines.split(",") if e.strip()}
-    if not engines or engines - {"uvicorn", "ray"}:
-        parser.error(f"--engines takes uvicorn and/or ray, got {args.engines!r}")
+    if not engines or engines - {"uvicorn", "ray", "fairness"}:
+        parser.error(f"--engines takes uvicorn, ray and/or fairness, got {args.engines!r}")
     if args.torch_threads:
         import torch
 
@@ -187,7 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         speedup = batched["qps"] / single["qps"] if single["qps"] else float("inf")
     if "ray" in engines:
         results += [r for r in [measure_ray(pool, args)] if r is not None]
-    print(f"errors={sum(r['errors'] for r in results)} microbatch_speedup={speedup:.2f}")
+    fair = ""
+    if "fairness" in engines:
+        runs = measure_fairness(pool, args)
+        mixed = runs["beside-maximal-and-abuse"]
+        results += list(runs.values()) + [r["maximal"] for r in runs.values() if "maximal" in r]
+        fair = (f" small_p99_ms={runs['alone']['p99_ms']:.1f} small_p99_beside_maximal_ms="
+                f"{runs['beside-maximal']['p99_ms']:.1f} small_p99_under_abuse_ms={mixed['p99_ms']:.1f} "
+                f"abuse_served={sum(v for k, v in mixed['abuse'].items() if k.endswith('_served'))}")
+    print(f"errors={sum(r['errors'] for r in results)} microbatch_speedup={speedup:.2f}{fair}")
     return 0
 
 

@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from envs.retrieval.corpus import load_corpus  # noqa: E402
+from envs.retrieval.corpus import CorpusFormatError, load_corpus  # noqa: E402
 from envs.retrieval.encoders import DTYPES, load_encoder, resolve_dtype  # noqa: E402
 from envs.retrieval.index import META_FILE, MemoryBudgetError, build_index  # noqa: E402
 from envs.retrieval.index_memory import format_bytes, parse_bytes  # noqa: E402
@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         corpus_path = default_corpus_path()
     else:
         corpus_path = Path(args.corpus)
-    corpus = load_corpus(corpus_path, fmt=args.corpus_format)
+    try:
+        corpus = load_corpus(corpus_path, fmt=args.corpus_format)
+    except (CorpusFormatError, FileNotFoundError) as err:  # the message names the file and line: no traceback
+        print(f"corpus: {err}", file=sys.stderr)
+        return 2
     device = args.device if args.device is not None or not devices else devices[0]
     dtype = args.dtype if not devices else resolve_dtype(args.dtype, devices[0])  # every shard the same precision
     encoder = load_encoder(

@@ -234,8 +234,8 @@ def test_momentum_trajectories_average_parallel_subqueries():
 # ----- 5. knowledge conflict / utilisation ------------------------------------------------------
 
 
-def scored(qid, em, f1, cover_em):
-    return record(qid, metrics={"em": em, "f1": f1, "cover_em": cover_em})
+def scored(qid, em, f1, cover_em, question="q?"):
+    return record(qid, metrics={"em": em, "f1": f1, "cover_em": cover_em}, question=question)
 
 
 def test_conflict_split_counts_and_scores():
@@ -296,7 +296,7 @@ def test_mutated_records_never_crash():
         else:
             target[key] = junk[int(rng.integers(len(junk)))]
         records.append(mutated)
-    vanilla = [scored(f"q{k}", 0, 0, k % 2) for k in range(10)]
+    vanilla = [scored(f"q{k}", 0, 0, k % 2, f"question {k} about Europe") for k in range(10)]
     out = analysis.analyse_records(records, HashEncoder(32).encode_queries, "maps", vanilla)
     assert out["n_analysed"] + sum(out["skipped"].values()) == len(records)
     json.dumps(analysis.jsonable(out), allow_nan=False)
@@ -334,7 +334,8 @@ def maps_records(n=10):
 def test_cli_round_trip(tmp_path, capsys):
     records = maps_records() + [{"id": "broken", "question": "q?"}]
     run = write_run(tmp_path / "maps-run", records, bad_line=True)
-    vanilla = write_run(tmp_path / "vanilla", [scored(f"q{k}", 0, 0, 1 if k < 4 else 0) for k in range(12)],
+    vanilla = write_run(tmp_path / "vanilla", [scored(f"q{k}", 0, 0, 1 if k < 4 else 0, f"question {k} about Europe")
+                                               for k in range(12)],
                         method="vanilla-llm")
     assert analysis.main([str(run), "--encoder", "hash:64", "--vs", str(vanilla), "--seed", "1"]) == 0
     out_dir = run / "analysis"

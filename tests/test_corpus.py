@@ -217,3 +217,24 @@ def test_offsets_cached_before_the_id_check_are_not_trusted(tmp_path):
     np.save(stale, np.arange(len(ROWS) + 2, dtype=np.int64))
     with pytest.raises(CorpusFormatError, match="duplicate passage id 'doc-1'"):
         load_corpus(path)
+
+
+def test_a_same_size_edit_the_sampled_fingerprint_misses_is_validated_again(tmp_path):
+    """20,000 passages (over 640 KB, so the fingerprint samples): one id between the sampled chunks
+    becomes a copy of another, same length, same file size: the next load scans and refuses it."""
+    rows = [(f"p{k:05d}", f"Title {k}", f"Passage number {k} of the sampled corpus.") for k in range(20_000)]
+    path = write_lines(tmp_path / "big.jsonl", jsonl_lines(rows))
+    assert len(load_corpus(path)) == 20_000
+    data = path.read_bytes()
+    size, chunk, chunks = len(data), corpus_module._SAMPLE_BYTES, corpus_module._SAMPLE_CHUNKS
+    assert size > chunk * chunks
+    sampled = [(size - chunk) * k // (chunks - 1) for k in range(chunks)]
+    gap = (sampled[4] + chunk + sampled[5]) // 2  # a byte no sampled chunk reads
+    line = data.count(b"\n", 0, gap) + 1
+    target = f"p{line - 1:05d}".encode()
+    assert data.count(target) == 1 and not any(s <= data.index(target) < s + chunk for s in sampled)
+    before = fingerprint_file(path)
+    path.write_bytes(data.replace(target, b"p00001"))
+    assert path.stat().st_size == size and fingerprint_file(path) == before  # the fingerprint cannot tell
+    with pytest.raises(CorpusFormatError, match=f"line {line}: duplicate passage id 'p00001' \\(first on line 2\\)"):
+        load_corpus(path)

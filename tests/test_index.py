@@ -248,3 +248,18 @@ def test_build_script_end_to_end(tmp_path, corpus, capsys):
     meta = json.loads((out / META_FILE).read_text())
     assert meta["encoder"] == "hash:128" and meta["factory"] == "HNSW32" and meta["ntotal"] == 60
     assert "ready after" in capsys.readouterr().out
+
+
+def test_build_script_prints_a_duplicate_id_message_alone(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build_index.py"
+    spec = importlib.util.spec_from_file_location("build_index_script", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path / "dup.jsonl"
+    path.write_text("".join(json.dumps({"id": pid, "title": "t", "text": "x"}) + "\n" for pid in ("a", "b", "a")))
+    assert module.main(["--corpus", str(path), "--encoder", "hash:16", "--out", str(tmp_path / "i"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "line 3: duplicate passage id 'a' (first on line 1)" in err and "Traceback" not in err

@@ -110,7 +110,15 @@ def test_docs_show_the_models_and_their_caps(client):
     search = schema["components"]["schemas"]["SearchRequest"]["properties"]
     assert search["queries"]["maxItems"] == 4 and search["queries"]["items"]["maxLength"] == 100
     assert search["k"]["maximum"] == 6 and search["k"]["minimum"] == 1
-    assert client.get("/docs").status_code == 200
+
+
+def test_the_docs_page_is_off_unless_asked_for(client, local):
+    """Swagger UI loads its scripts from a CDN (a blank page offline): off by default."""
+    for path in ("/docs", "/redoc"):
+        response = client.get(path)
+        assert response.status_code == 404 and "cdn" not in response.text.lower()
+    with TestClient(uvicorn_app(local, docs=True)) as with_docs:
+        assert with_docs.get("/docs").status_code == 200 and with_docs.get("/redoc").status_code == 404
 
 
 BAD_REQUESTS = [
@@ -228,18 +236,21 @@ def no_serving(monkeypatch):
         server.close()
 
 
-def test_an_open_non_loopback_server_is_refused_unless_insecure(no_serving, monkeypatch, capsys):
+def test_an_open_non_loopback_server_is_refused_unless_insecure(no_serving, monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit, match="without a token"):
         server_main(["--host", "0.0.0.0", "--port", "0"])
     assert no_serving == []
     assert server_main(["--host", "0.0.0.0", "--port", "0", "--insecure"]) == 0
     assert "WARNING" in capsys.readouterr().err
     assert server_main(["--host", "0.0.0.0", "--port", "0", "--token", "t"]) == 0
+    assert "--token is visible to every user" in capsys.readouterr().err  # works, with a warning
+    (tmp_path / "token").write_text("t\n")
+    assert server_main(["--host", "0.0.0.0", "--port", "0", "--token-file", str(tmp_path / "token")]) == 0
     monkeypatch.setenv("SEEDS_RETRIEVAL_TOKEN", "from-env")
     assert server_main(["--host", "0.0.0.0", "--port", "0"]) == 0
     assert server_main(["--port", "0"]) == 0  # loopback: no token needed
     assert "WARNING" not in capsys.readouterr().err
-    assert [s.app.state.batcher is not None for s in no_serving] == [True] * 4
+    assert [s.app.state.batcher is not None for s in no_serving] == [True] * 5
     with pytest.raises(SystemExit, match="max_query_chars"):
         server_main(["--max-query-chars", "0"])
 

@@ -111,3 +111,21 @@ def test_the_serve_config_builds_the_app():
     assert isinstance(serve_ray.app_builder(application["args"]), serve.Application)
     with pytest.raises(ValueError, match="unknown args \\['replica'\\]"):
         serve_ray.app_builder({"index": "default", "replica": 2})
+
+
+def test_serve_logs_no_request_unless_verbose(monkeypatch):
+    """Ray Serve logs every request at INFO by default: the server (and its Serve config) turn that off."""
+    calls = {}
+    monkeypatch.setattr(serve, "start", lambda **kw: calls.setdefault("start", kw))
+    monkeypatch.setattr(serve, "run", lambda app, **kw: calls.setdefault("run", kw))
+    serve_ray.run(object(), "127.0.0.1", 1)
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    assert calls["start"]["logging_config"] == quiet and calls["run"]["logging_config"] == quiet
+    assert serve_ray.logging_config(verbose=True)["enable_access_log"] is True
+    from ray.serve.schema import ServeDeploySchema
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "serve" / "retrieval.yaml").read_text())
+    parsed = ServeDeploySchema.model_validate(config) if hasattr(ServeDeploySchema, "model_validate") \
+        else ServeDeploySchema.parse_obj(config)
+    assert parsed.logging_config.enable_access_log is False
+    assert parsed.applications[0].logging_config.log_level == "WARNING"

@@ -14,6 +14,10 @@ resampled with replacement, then questions, the same draw before and after), whi
 between seeds as well as between questions. The last line is machine-readable:
 ``runs=R reward_diff=… reward_diff_lo=… reward_diff_hi=… precision_diff=… precision_diff_lo=… precision_diff_hi=…``.
 
+Runs evaluated on different questions are refused by name (:func:`check_same_eval_questions`: the
+question digests of ``eval.json`` where every run recorded them, else the ``config.yaml`` settings
+that choose the held-out questions).
+
 Where every run judged its candidates alone (``eval.json``'s ``before``/``after`` summaries hold
 ``verdict_auc``), the report adds how the verdicts RANK candidates, apart from where greedy decoding
 cuts: each run's AUC of π(yes) before -> after, and over the runs the mean change, the runs that
@@ -29,6 +33,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from envs.atomic import write_json_atomic
 from envs.bootstrap import bootstrap_interval, mean_of, multi_run_paired_bootstrap
@@ -54,6 +59,51 @@ def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
                 for side in ("before", "after")}
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
         raise RunFolderError(f"{path}: not an eval.json with per-question outcomes ({error!r})") from error
+
+
+EVAL_SET_KEYS = ("data", "eval_data", "eval_questions", "eval_seed", "question_seed", "train_questions")
+
+
+def eval_digests(folder: Path) -> list[str] | None:
+    """The digests of the held-out question texts, in order, where ``eval.json`` lists them."""
+    try:
+        digests = json.loads((Path(folder) / "eval.json").read_text()).get("question_digests")
+    except (OSError, AttributeError, json.JSONDecodeError):
+        return None
+    return [str(d) for d in digests] if isinstance(digests, list) else None
+
+
+def eval_settings(folder: Path) -> dict | None:
+    """The ``config.yaml`` settings that choose the run's held-out questions (:data:`EVAL_SET_KEYS`)."""
+    path = Path(folder) / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except yaml.YAMLError as error:
+        raise RunFolderError(f"{path}: not YAML ({error})") from error
+    return {key: config.get(key) for key in EVAL_SET_KEYS} if isinstance(config, dict) else None
+
+
+def check_same_eval_questions(folders: list[Path]) -> None:
+    """Refuse runs evaluated on different held-out questions (the bootstrap pairs them by position):
+    compared by the question digests where every ``eval.json`` has them, else by the ``config.yaml``
+    settings that choose the questions (runs without either are not checked)."""
+    digests = [eval_digests(folder) for folder in folders]
+    by_digest = all(d is not None for d in digests)
+    values = digests if by_digest else [eval_settings(folder) for folder in folders]
+    named = [(folder, value) for folder, value in zip(folders, values) if value is not None]
+    for folder, value in named[1:]:
+        first_folder, first = named[0]
+        if value == first:
+            continue
+        if by_digest:
+            positions = [i for i, (a, b) in enumerate(zip(first, value)) if a != b]
+            where = f"the questions at positions {positions[:5]} differ" if positions else \
+                f"{len(first)} vs {len(value)} questions"
+        else:
+            where = ", ".join(f"{key} {first.get(key)!r} vs {value.get(key)!r}"
+                              for key in EVAL_SET_KEYS if first.get(key) != value.get(key))
+        raise RunFolderError(f"{first_folder} and {folder} were evaluated on different questions ({where}); "
+                             f"their outcomes cannot be pooled question by question")
 
 
 def read_verdict_auc(folder: Path) -> tuple[float, float] | None:
@@ -134,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
     args = parser.parse_args(argv)
     try:
+        check_same_eval_questions(args.runs)
         result = spread([read_run(folder) for folder in args.runs], args.resamples, args.seed)
         aucs = [read_verdict_auc(folder) for folder in args.runs]
         if all(pair is not None for pair in aucs):

@@ -1,8 +1,9 @@
 """Dynamic batching of the retrieval server's searches, on asyncio.
 
-Concurrent requests await one :class:`AsyncBatcher`; its worker task takes everything waiting
-(up to ``max_batch`` queries, waiting at most ``max_wait_ms`` after the first for more) and answers
-it with :func:`search_requests`: one ``retriever.search`` call per distinct ``k`` (normally one),
+Concurrent requests await one :class:`AsyncBatcher`; its worker task takes a slice of every
+request waiting (up to ``max_batch`` queries, waiting at most ``max_wait_ms`` after the first for
+more; a large request is searched slice by slice, taking turns with the others) and answers it
+with :func:`search_requests`: one ``retriever.search`` call per distinct ``k`` (normally one),
 run in a worker thread so the event loop keeps accepting requests meanwhile. Ray Serve's engine
 batches with ``@serve.batch`` instead and calls the same :func:`search_requests`.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envs.types import Hit
 
@@ -70,36 +71,59 @@ def search_requests(retriever, requests: list[tuple[list[str], int]],
 
 @dataclass
 class _Pending:
+    """A request: its queries, ``k``, its answer, the hit lists found so far and the next query."""
+
     queries: list[str]
     k: int
     answer: asyncio.Future
+    found: list = field(default_factory=list)
+    next: int = 0
+    continued: bool = False  # searched in part already: back in the queue for its next slice
+
+    def slice_end(self, room: int, max_chars: int) -> int:
+        """The end of the next slice: at most ``room`` queries and ``max_chars`` characters (one at least)."""
+        end, chars = self.next, 0
+        while end < len(self.queries) and end - self.next < room:
+            chars += len(self.queries[end])
+            if chars > max_chars and end > self.next:
+                break
+            end += 1
+        return end
 
 
 class AsyncBatcher:
     """``await batcher.search(queries, k)``: the request's hits, searched together with whatever
     other requests wait at the same time.
 
-    A batch holds whole requests (at least one, more while the total stays within ``max_batch``
-    queries). ``max_batch=1`` answers one request at a time. ``max_batch`` and ``max_wait_ms`` may
-    be changed between requests. The worker task starts on the first search in a running event
-    loop (and again if a later search comes from another loop, as a test client's may).
+    A batch holds one slice of each waiting request (in arrival order, while the total stays
+    within ``max_batch`` queries): a request's slice is its next queries up to ``max_slice_chars``
+    characters, so a small request is whole and a large one is searched over several batches,
+    going back to the end of the queue after each, taking turns with the requests that arrived
+    meanwhile: a maximal request cannot hold small ones up for longer than one slice. A slice
+    that does not fit a batch opens the next one. ``max_batch=1`` answers one query at a time.
+    ``max_batch`` and ``max_wait_ms`` may be changed between requests. The worker task starts on
+    the first search in a running event loop (and again if a later search comes from another loop,
+    as a test client's may).
     """
 
-    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 5.0):
+    def __init__(self, retriever, max_batch: int = 256, max_wait_ms: float = 5.0, max_slice_chars: int = 8192):
         self.retriever = retriever
         self.max_batch, self.max_wait_ms = int(max_batch), float(max_wait_ms)
+        self.max_slice_chars = int(max_slice_chars)
         self.stats = BatchStats()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retrieval-search")
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._carry: _Pending | None = None  # a request that did not fit the previous batch
+        self._carry: _Pending | None = None  # a request whose slice did not fit the previous batch
 
     async def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._worker is None or self._worker.done():
             self._start(loop)
         pending = _Pending(list(queries), int(k), loop.create_future())
+        if not pending.queries:
+            return []
         self._queue.put_nowait(pending)
         return await pending.answer
 
@@ -115,6 +139,8 @@ class AsyncBatcher:
                 await self._worker
             except asyncio.CancelledError:
                 pass
+        if self._carry is not None:
+            self._fail(self._carry, RuntimeError("the retrieval server is shutting down"))
         while self._queue is not None and not self._queue.empty():
             self._fail(self._queue.get_nowait(), RuntimeError("the retrieval server is shutting down"))
         self._executor.shutdown(wait=False)
@@ -125,31 +151,44 @@ class AsyncBatcher:
             batch = await self._take_batch()
             try:
                 answers = await loop.run_in_executor(self._executor, search_requests, self.retriever,
-                                                     [(p.queries, p.k) for p in batch], self.stats)
+                                                     [(p.queries[start:end], p.k) for p, start, end in batch],
+                                                     self.stats)
             except BaseException as err:  # cancelled mid-call, or the executor is gone
-                for pending in batch:
+                for pending, _, _ in batch:
                     self._fail(pending, RuntimeError(f"the batch was not served: {type(err).__name__}"))
                 raise
-            for pending, answer in zip(batch, answers):
-                if pending.answer.done():  # the client went away
-                    continue
-                if isinstance(answer, BaseException):
-                    pending.answer.set_exception(answer)
-                else:
-                    pending.answer.set_result(answer)
+            for (pending, _, end), answer in zip(batch, answers):
+                self._advance(pending, end, answer)
             # Let the answered handlers write their responses (and their clients' next requests
             # arrive) before the next batch is gathered: measured +9% QPS under 64 clients.
             for _ in range(3):
                 await asyncio.sleep(0)
 
-    async def _take_batch(self) -> list[_Pending]:
-        """Everything waiting, up to ``max_batch`` queries; waits up to ``max_wait_ms`` for more."""
+    def _advance(self, pending: _Pending, end: int, answer) -> None:
+        """Record a slice's answer: the request is answered, failed, or queued for its next slice."""
+        if pending.answer.done():  # the client went away: its other slices are not searched
+            return
+        if isinstance(answer, BaseException):
+            pending.answer.set_exception(answer)
+            return
+        pending.found.extend(answer)
+        pending.next = end
+        if end < len(pending.queries):
+            pending.continued = True
+            self._queue.put_nowait(pending)  # behind the requests that arrived meanwhile
+        else:
+            pending.answer.set_result(pending.found)
+
+    async def _take_batch(self) -> list[tuple[_Pending, int, int]]:
+        """One slice of each waiting request, up to ``max_batch`` queries; waits up to
+        ``max_wait_ms`` for more (not when the batch opens with a request's later slice)."""
         first, self._carry = self._carry, None
         if first is None:
             first = await self._queue.get()
-        batch, size = [first], len(first.queries)
+        end = first.slice_end(self.max_batch, self.max_slice_chars)
+        batch, size = [(first, first.next, end)], end - first.next
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_ms / 1000
+        deadline = loop.time() + (0 if first.continued else self.max_wait_ms / 1000)
         while size < self.max_batch:
             if self._queue.empty():
                 remaining = deadline - loop.time()
@@ -161,11 +200,12 @@ class AsyncBatcher:
                     break
             else:
                 pending = self._queue.get_nowait()
-            if size + len(pending.queries) > self.max_batch:
+            end = pending.slice_end(self.max_batch, self.max_slice_chars)
+            if size + end - pending.next > self.max_batch:
                 self._carry = pending  # first in the next batch
                 break
-            batch.append(pending)
-            size += len(pending.queries)
+            batch.append((pending, pending.next, end))
+            size += end - pending.next
         return batch
 
     @staticmethod

@@ -11,8 +11,10 @@ Supported formats (row ``i`` is the ``i``-th passage line of the file, which is 
 The file is scanned once: every line is validated, passage ids are checked to be unique (a
 repeated id raises :class:`CorpusFormatError` naming both lines, since ids name passages in
 positives, predictions and the server's ``/passages``), and each line's byte offset goes into a
-numpy int64 array, cached on disk under ``cache_dir("corpus-offsets")`` and keyed by the corpus fingerprint,
-so reloading a 21M-passage file is instant. A passage is read and parsed only when asked for.
+numpy int64 array, cached on disk under ``cache_dir("corpus-offsets")`` and keyed by the corpus fingerprint
+and the file's stat signature (inode, size, mtime, ctime), so reloading a 21M-passage file is instant
+while any write to the file (even one the sampled fingerprint misses) makes the next load scan and
+validate it again. A passage is read and parsed only when asked for.
 """
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ FORMATS = ("flashrag", "jsonl", "tsv")
 TSV_COLUMNS = ("id", "text", "title")
 _SAMPLE_BYTES = 1 << 16  # bytes per fingerprint chunk
 _SAMPLE_CHUNKS = 10  # start, end and 8 evenly spaced middle chunks
-_OFFSETS_VERSION = "v2"  # bump when the offsets layout or the scan's checks change (v2: unique ids)
+_OFFSETS_VERSION = "v3"  # bump when the offsets layout or the scan's checks change (v2: unique ids, v3: stat key)
+_KEPT_SCANS = 3  # cached scans kept per corpus content (copies of one file have their own stat signature)
 
 
 class CorpusFormatError(ValueError):
@@ -59,6 +62,14 @@ def fingerprint_file(path: str | os.PathLike) -> str:
                 handle.seek(last * k // (_SAMPLE_CHUNKS - 1))
                 digest.update(handle.read(_SAMPLE_BYTES))
     return digest.hexdigest()
+
+
+def stat_signature(path: str | os.PathLike) -> str:
+    """A short digest of the file's device, inode, size, mtime and ctime: it changes whenever the
+    file is written (ctime moves even when an editor puts the old mtime back)."""
+    st = os.stat(path)
+    fields = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return hashlib.sha256(":".join(map(str, fields)).encode()).hexdigest()[:16]
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -186,8 +197,13 @@ class Corpus:
         self._first_line = 2
 
     def _load_offsets(self) -> np.ndarray:
-        name = f"{self.fingerprint()}-{self.fmt}-{_OFFSETS_VERSION}.npy"
-        cached = cache_dir("corpus-offsets") / name
+        """The row offsets from the cache when this very file was scanned (validated) before, else
+        from a scan. The cache is keyed by the sampled fingerprint AND the file's stat signature
+        (:func:`stat_signature`), so an edit the sampled fingerprint misses (same size, a changed
+        id between the sampled chunks) is scanned and validated again."""
+        prefix = f"{self.fingerprint()}-{self.fmt}-{_OFFSETS_VERSION}"
+        folder = cache_dir("corpus-offsets")
+        cached = folder / f"{prefix}-{stat_signature(self.path)}.npy"
         if cached.exists():
             offsets = np.load(cached, mmap_mode="r")
             if offsets.ndim == 1 and len(offsets) >= 1 and int(offsets[-1]) == os.path.getsize(self.path):
@@ -195,6 +211,9 @@ class Corpus:
         offsets = self._scan()
         with atomic_write(cached, "wb") as handle:
             np.save(handle, offsets)
+        stale = sorted(folder.glob(f"{prefix}-*.npy"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for path in stale[_KEPT_SCANS:]:  # older scans of this content (copies, edits, touches)
+            path.unlink(missing_ok=True)
         return offsets
 
     def _scan(self) -> np.ndarray:

@@ -10,7 +10,8 @@ Or from a spec string: ``envs.retrieval.defaults.open_retriever("http://10.0.0.5
 Retries with exponential back-off (``backoff * 2**attempt`` seconds) on connection errors,
 timeouts and 5xx answers only; a 4xx answer raises :class:`RemoteRetrievalError` at once with
 the server's reason. A ``threading.BoundedSemaphore`` caps requests in flight from this client;
-a batch larger than the server's per-request cap is sent as several requests. Proxy settings of
+a batch larger than the server's per-request caps (queries, queries x k) is sent as several
+requests. An ``https://`` server is verified against the system's CAs, or ``$SEEDS_RETRIEVAL_CA``. Proxy settings of
 the environment are ignored (``trust_env=False``): the server is on the local network.
 A server started with a token (``--token`` or ``SEEDS_RETRIEVAL_TOKEN``) wants it on every
 request: pass ``token=``, or set ``SEEDS_RETRIEVAL_TOKEN`` where the client runs (PPO, evaluation
@@ -19,6 +20,7 @@ and ``open_retriever("http://...")`` read it), and it goes in ``Authorization: B
 from __future__ import annotations
 
 import os
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -29,6 +31,7 @@ import httpx
 from envs.types import Hit, Passage
 
 TOKEN_ENV = "SEEDS_RETRIEVAL_TOKEN"  # the same variable the server reads
+CA_ENV = "SEEDS_RETRIEVAL_CA"  # a CA bundle (PEM) that signed an https server's certificate (a self-signed one)
 
 
 class RemoteRetrievalError(RuntimeError):
@@ -43,10 +46,12 @@ class RemoteRetriever:
     """``search(queries, k) -> list[list[Hit]]`` answered by a retrieval server at ``url``.
 
     ``token``: the server's bearer token (default: ``$SEEDS_RETRIEVAL_TOKEN``, else none).
+    ``ca_file``: for an ``https://`` server whose certificate the system does not trust (a
+    self-signed one), the PEM bundle that signed it (default: ``$SEEDS_RETRIEVAL_CA``).
     """
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, backoff: float = 0.5,
-                 max_concurrency: int = 8, token: str | None = None):
+                 max_concurrency: int = 8, token: str | None = None, ca_file: str | None = None):
         if not str(url).startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         if retries < 0 or backoff < 0 or max_concurrency < 1:
@@ -55,7 +60,9 @@ class RemoteRetriever:
         self.timeout, self.retries, self.backoff = float(timeout), int(retries), float(backoff)
         token = token or os.environ.get(TOKEN_ENV) or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, headers=headers,
+        ca_file = ca_file or os.environ.get(CA_ENV) or None
+        verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, headers=headers, verify=verify,
                                     limits=httpx.Limits(max_connections=max_concurrency,
                                                         max_keepalive_connections=max_concurrency))
         self._slots = threading.BoundedSemaphore(max_concurrency)
@@ -71,7 +78,10 @@ class RemoteRetriever:
         queries = list(queries)
         if not queries:
             return []
-        step = int(self.info()["max_queries_per_request"])
+        info = self.info()
+        step = int(info["max_queries_per_request"])
+        if info.get("max_hits_per_request"):  # servers since the cap: queries x k per request
+            step = max(1, min(step, int(info["max_hits_per_request"]) // k))
         results: list[list[Hit]] = []
         for start in range(0, len(queries), step):
             chunk = queries[start : start + step]

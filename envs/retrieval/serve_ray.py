@@ -63,10 +63,10 @@ class RetrievalReplica:
     :func:`replica_deployment`; ``__serve_build_asgi_app__`` hands Serve the app once ``__init__`` ran."""
 
     def __init__(self, index: str, corpus: str | None, device: str, limits: dict, token: str | None,
-                 cache_size: int | None = None):
+                 cache_size: int | None = None, docs: bool = False):
         from ray import serve
 
-        self.limits, self.token = ServerLimits(**limits), token
+        self.limits, self.token, self.docs = ServerLimits(**limits), token, docs
         self.retriever = open_index(index, corpus, device, cache_size)
         self.stats = BatchStats()
         self._batched = serve.batch(max_batch_size=self.limits.max_batch,
@@ -85,7 +85,7 @@ class RetrievalReplica:
 
     def __serve_build_asgi_app__(self):
         return build_app(self.retriever, self.search, self.limits, self.token, engine="ray",
-                         batch_stats=self.stats.as_dict)
+                         batch_stats=self.stats.as_dict, docs=self.docs)
 
 
 def replica_deployment(options: ReplicaOptions):
@@ -99,9 +99,9 @@ def replica_deployment(options: ReplicaOptions):
 
 
 def application(index: str, corpus: str | None, device: str, limits: ServerLimits, token: str | None,
-                options: ReplicaOptions, cache_size: int | None = None):
+                options: ReplicaOptions, cache_size: int | None = None, docs: bool = False):
     """The Serve application (bound deployment) to ``serve.run``."""
-    return replica_deployment(options).bind(index, corpus, device, asdict(limits), token, cache_size)
+    return replica_deployment(options).bind(index, corpus, device, asdict(limits), token, cache_size, docs)
 
 
 def app_builder(args: dict[str, Any]):
@@ -122,18 +122,26 @@ def app_builder(args: dict[str, Any]):
                        options, spec["cache_size"])
 
 
-def run(app, host: str = "127.0.0.1", port: int = 8000) -> str:
+def logging_config(verbose: bool = False) -> dict:
+    """Serve's logging: warnings only and no per-request access log, unless ``verbose``."""
+    return {"log_level": "INFO", "enable_access_log": True} if verbose else \
+        {"log_level": "WARNING", "enable_access_log": False}
+
+
+def run(app, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False) -> str:
     """Start Serve's proxy on ``host:port`` (Ray already initialised) and deploy ``app`` at ``/``;
-    returns once the replicas are up. The URL clients use."""
+    returns once the replicas are up. The URL clients use. Quiet unless ``verbose``
+    (:func:`logging_config`: Serve logs every request at INFO otherwise)."""
     from ray import serve
 
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=APP_NAME, route_prefix="/")
+    serve.start(http_options={"host": host, "port": port}, logging_config=logging_config(verbose))
+    serve.run(app, name=APP_NAME, route_prefix="/", logging_config=logging_config(verbose))
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
 def serve_forever(index: str, corpus: str | None, device: str, limits: ServerLimits, token: str | None,
-                  options: ReplicaOptions, host: str, port: int, ray_address: str | None) -> int:
+                  options: ReplicaOptions, host: str, port: int, ray_address: str | None, verbose: bool = False,
+                  docs: bool = False) -> int:
     """``python -m envs.retrieval.server --engine ray``: deploy, then serve until Ctrl-C."""
     try:
         import ray
@@ -142,10 +150,10 @@ def serve_forever(index: str, corpus: str | None, device: str, limits: ServerLim
         raise SystemExit("error: --engine ray needs Ray Serve: pip install -e '.[ray]'") from None
     ray.init(address=ray_address)  # None: a local Ray on this machine; "auto": the cluster this node is in
     try:
-        url = run(application(index, corpus, device, limits, token, options), host, port)
+        url = run(application(index, corpus, device, limits, token, options, docs=docs), host, port, verbose)
         print(f"serving {index} on {url} with Ray Serve ({options.replicas} replica(s), "
               f"{options.num_gpus:g} GPU each, max_batch={limits.max_batch}, auth={'bearer' if token else 'none'}); "
-              f"API at {url}/docs; Ctrl-C stops", file=sys.stderr, flush=True)
+              f"API at {url}/{'docs' if docs else 'openapi.json'}; Ctrl-C stops", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -4,8 +4,10 @@
 (the batcher that answers ``(queries, k)``): uvicorn serves it with :class:`AsyncBatcher`
 (``envs/retrieval/server.py``), each Ray Serve replica with ``@serve.batch``
 (``envs/retrieval/serve_ray.py``). Bodies are validated by the pydantic models of
-``envs/retrieval/server_models.py``; every refusal is ``{"error": reason}`` with a 4xx. An optional
-bearer token and the body-size cap are checked first, by :class:`Guard`, before a body is parsed.
+``envs/retrieval/server_models.py``; every refusal is ``{"error": reason}`` with a 4xx. The header
+count, an optional bearer token, the body-size cap and the body's deadline are checked first, by
+:class:`Guard`, before a body is parsed; the work of a request (queries x k) and its response's
+size are capped too.
 """
 import asyncio
 import hmac
@@ -41,7 +43,7 @@ from envs.types import Hit
 
 DOC_PATHS = ("/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")  # the API's description: no token
 Search = Callable[[list[str], int], Awaitable[list[list[Hit]]]]
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 413, 500)}
+ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 431, 500)}
 
 
 class Counters:
@@ -63,16 +65,22 @@ async def _reply(send, status: int, reason: str, headers: dict[str, str] | None 
 
 
 class Guard:
-    """ASGI middleware run before FastAPI: the bearer token (every path but the API description)
-    and the body-size cap (by ``Content-Length``, and by counting a chunked body as it arrives).
-    Every body is read as JSON, whatever its ``Content-Type`` says."""
+    """ASGI middleware run before FastAPI: the header count, the bearer token (every path but the
+    API description), the body-size cap (by ``Content-Length``, and by counting a chunked body as
+    it arrives) and the body's deadline (``body_timeout_s`` for the whole body, however slowly it
+    trickles in). Every body is read as JSON, whatever its ``Content-Type`` says."""
 
-    def __init__(self, app, token: str | None, max_body_bytes: int, counts: Counters):
-        self.app, self.token, self.max_body_bytes, self.counts = app, token, max_body_bytes, counts
+    def __init__(self, app, token: str | None, limits: ServerLimits, counts: Counters):
+        self.app, self.token, self.limits, self.counts = app, token, limits, counts
+        self.max_body_bytes = limits.max_body_bytes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if len(scope["headers"]) > self.limits.max_headers:
+            self.counts.add("errors_4xx")
+            return await _reply(send, 431, f"{len(scope['headers'])} header lines are over the server's cap "
+                                           f"max_headers={self.limits.max_headers}")
         headers = dict(scope["headers"])
         if self.token is not None and scope["path"] not in DOC_PATHS:
             problem = token_problem(headers.get(b"authorization", b"").decode("latin-1"), self.token)
@@ -85,19 +93,19 @@ class Guard:
             self.counts.add("errors_4xx")
             return await _reply(send, 413, f"body of {declared} bytes is over the server's cap "
                                            f"max_body_bytes={cap}")
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > cap:
-                self.counts.add("errors_4xx")
-                return await _reply(send, 413, f"body of more than {cap} bytes is over the server's cap "
-                                               f"max_body_bytes={cap}")
-            more = message.get("more_body", False)
-        replayed = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        timeout = self.limits.body_timeout_s
+        try:
+            body = await asyncio.wait_for(self._read_body(receive, cap), timeout)
+        except asyncio.TimeoutError:
+            self.counts.add("errors_4xx")
+            return await _reply(send, 408, f"the body took longer than the server's body_timeout_s={timeout:g}")
+        if body is None:  # the client went away
+            return None
+        if len(body) > cap:
+            self.counts.add("errors_4xx")
+            return await _reply(send, 413, f"body of more than {cap} bytes is over the server's cap "
+                                           f"max_body_bytes={cap}")
+        replayed = [{"type": "http.request", "body": body, "more_body": False}]
         if not headers.get(b"content-type", b"").startswith(b"application/json"):  # JSON only, as sent by curl -d
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k != b"content-type"]
                      + [(b"content-type", b"application/json")]}
@@ -106,6 +114,22 @@ class Guard:
             return replayed.pop() if replayed else await receive()
 
         return await self.app(scope, replay, send)
+
+
+    @staticmethod
+    async def _read_body(receive, cap: int) -> bytes | None:
+        """The whole body; None if the client disconnected; stops reading once past ``cap``."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > cap:
+                break
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
 
 def token_problem(authorization: str, token: str) -> str | None:
@@ -117,6 +141,22 @@ def token_problem(authorization: str, token: str) -> str | None:
     if not hmac.compare_digest(given.strip().encode(), token.encode()):
         return "wrong bearer token"
     return None
+
+
+def check_hits(n_queries: int, k: int, limits: ServerLimits) -> None:
+    """The work of one search request, queries x k, within ``max_hits_per_request`` (else 413)."""
+    if n_queries * k > limits.max_hits_per_request:
+        raise RequestError(413, f"{n_queries} queries x k={k} = {n_queries * k} hits is over the server's cap "
+                                f"max_hits_per_request={limits.max_hits_per_request} (split the request)")
+
+
+def capped_json(content: dict, max_bytes: int) -> JSONResponse:
+    """``content`` as a JSON response, or a 413 when it is over ``max_bytes``."""
+    response = JSONResponse(content)
+    if len(response.body) > max_bytes:
+        raise RequestError(413, f"the response of {len(response.body)} bytes is over the server's cap "
+                                f"max_response_bytes={max_bytes} (ask for fewer queries, rows or hits per request)")
+    return response
 
 
 def describe(retriever, limits: ServerLimits, engine: str, token: str | None) -> dict:
@@ -133,10 +173,12 @@ def describe(retriever, limits: ServerLimits, engine: str, token: str | None) ->
 
 def build_app(retriever, search: Search, limits: ServerLimits, token: str | None = None, engine: str = "uvicorn",
               batch_stats: Callable[[], dict] | None = None,
-              on_shutdown: Callable[[], Awaitable[None]] | None = None) -> FastAPI:
+              on_shutdown: Callable[[], Awaitable[None]] | None = None, docs: bool = False) -> FastAPI:
     """The four endpoints over ``retriever`` (its ``corpus``) and ``search`` (batched searches).
 
-    ``app.state.served()`` returns the counters ``/health`` reports.
+    ``app.state.served()`` returns the counters ``/health`` reports. ``/openapi.json`` describes
+    the API; the interactive ``/docs`` page (Swagger UI, whose scripts a browser fetches from a
+    CDN) only with ``docs``.
     """
     models, counts = request_models(limits), Counters()
 
@@ -148,8 +190,9 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
 
     bearer = [Security(HTTPBearer(auto_error=False))] if token else []  # shown in /docs; Guard checks it
     app = FastAPI(title="seeds-rl retrieval server", version="2", lifespan=lifespan, dependencies=bearer,
-                  description="Search an index (/search), Search-R1's /retrieve, passages by row, health.")
-    app.add_middleware(Guard, token=token, max_body_bytes=limits.max_body_bytes, counts=counts)
+                  description="Search an index (/search), Search-R1's /retrieve, passages by row, health.",
+                  docs_url="/docs" if docs else None, redoc_url=None)
+    app.add_middleware(Guard, token=token, limits=limits, counts=counts)
 
     def served() -> dict:
         stats = getattr(retriever, "stats", None)
@@ -158,9 +201,13 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
 
     app.state.served, app.state.counts = served, counts
 
+    def capped(content: dict) -> JSONResponse:
+        return capped_json(content, limits.max_response_bytes)
+
     async def run_search(queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
             return []
+        check_hits(len(queries), k, limits)
         counts.add("queries", len(queries))
         try:
             return await search(queries, k)
@@ -172,7 +219,7 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
         """Top-``k`` hits per query: ``{"results": [[hit, ...] per query]}``."""
         counts.add("requests_search")
         hits = await run_search(body.queries, body.k)
-        return JSONResponse({"results": [[hit_json(h) for h in row] for row in hits]})
+        return capped({"results": [[hit_json(h) for h in row] for row in hits]})
 
     @app.post("/retrieve", response_model=RetrieveResponse, responses=ERRORS)
     async def retrieve_endpoint(body: models.retrieve) -> JSONResponse:
@@ -183,7 +230,7 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
         hits: list[list[Hit]] = [[] for _ in body.queries]
         for i, row in zip(asked, found):
             hits[i] = row
-        return JSONResponse(search_r1_result(hits, body.return_scores))
+        return capped(search_r1_result(hits, body.return_scores))
 
     @app.post("/passages", response_model=PassagesResponse, responses=ERRORS)
     async def passages_endpoint(body: models.passages) -> JSONResponse:
@@ -194,7 +241,7 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
         get = corpus.get_many if hasattr(corpus, "get_many") else (lambda rs: [corpus[r] for r in rs])
         found = await run_in_threadpool(get, rows)
         counts.add("passages", len(rows))
-        return JSONResponse({"passages": [passage_json(p) for p in found]})
+        return capped({"passages": [passage_json(p) for p in found]})
 
     @app.get("/health", responses=ERRORS)
     async def health_endpoint() -> dict:

@@ -22,7 +22,11 @@ ROUTES = {"/search": "POST", "/retrieve": "POST", "/passages": "POST", "/health"
 
 @dataclass
 class ServerLimits:
-    """Batching and request caps (the command-line flags of the same names)."""
+    """Batching, request, connection and time caps (the command-line flags of the same names).
+
+    The connection and time caps (``max_header_bytes`` .. ``keep_alive_s``) are the uvicorn
+    engine's (Ray Serve's proxy has its own); the others hold for both engines.
+    """
 
     max_batch: int = 256  # queries per retriever call; 1 = one request at a time
     max_wait_ms: float = 5.0  # how long a batch waits for more requests after its first
@@ -31,14 +35,27 @@ class ServerLimits:
     max_k: int = 100
     max_body_bytes: int = 4 << 20
     max_rows_per_request: int = 1024  # /passages
+    max_hits_per_request: int = 4096  # queries x k of one /search or /retrieve
+    max_response_bytes: int = 8 << 20  # one response's JSON
+    max_slice_chars: int = 8192  # query characters of one request per batch: a large request takes turns
+    max_header_bytes: int = 16384  # the request line and headers together
+    max_headers: int = 100  # header lines of one request
+    max_connections: int = 1024  # open connections and requests in progress; beyond it a request gets 503
+    header_timeout_s: float = 10.0  # to send a whole request head, from connecting or from the first byte
+    body_timeout_s: float = 30.0  # to send a whole body, from the end of the head
+    keep_alive_s: float = 15.0  # an idle kept-alive connection is closed after this
 
     def __post_init__(self):
         for name in ("max_batch", "max_queries_per_request", "max_query_chars", "max_k", "max_body_bytes",
-                     "max_rows_per_request"):
+                     "max_rows_per_request", "max_hits_per_request", "max_response_bytes", "max_slice_chars",
+                     "max_header_bytes", "max_headers", "max_connections"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_wait_ms < 0:
             raise ValueError("max_wait_ms must be >= 0")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"{name} must be > 0")
 
 
 class RequestError(Exception):

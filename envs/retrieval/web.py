@@ -42,6 +42,7 @@ from envs.previews import query_terms
 from envs.retrieval.default_corpus import MAX_WORDS, split_passages
 from envs.retrieval.web_http import (
     ENGINES,
+    NO_KEEPALIVE,
     SERPER_URL,
     USER_AGENT,
     Page,
@@ -50,6 +51,7 @@ from envs.retrieval.web_http import (
     TransientError,
     WebCache,
     WebSearchError,
+    api_key_guard,
     fetch_page,
     page_client,
     parse_results,
@@ -80,7 +82,8 @@ class WebSearchConfig:
     passage_words: int = MAX_WORDS
     passages_per_result: int = 1
     max_page_bytes: int = 2_000_000
-    timeout: float = 10.0
+    max_reply_bytes: int = 4_000_000  # a search API reply (larger: a failed search)
+    timeout: float = 10.0  # seconds per connect/read and for a whole page fetch or search request
     rps: float = 1.0
     fetch_rps: float = 5.0
     workers: int = 8
@@ -99,7 +102,8 @@ class WebSearchConfig:
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ValueError(f"the search API address must start with http:// or https://, got {self.url!r}")
         positive = {"passage_words": self.passage_words, "passages_per_result": self.passages_per_result,
-                    "max_page_bytes": self.max_page_bytes, "timeout": self.timeout, "workers": self.workers}
+                    "max_page_bytes": self.max_page_bytes, "max_reply_bytes": self.max_reply_bytes,
+                    "timeout": self.timeout, "workers": self.workers}
         if self.results is not None:
             positive["results"] = self.results
         bad = [name for name, value in positive.items() if value <= 0]
@@ -209,7 +213,9 @@ class WebRetriever:
         cache = config.cache
         self.cache = WebCache(None if cache == "off" else cache if cache is not None else cache_dir("web"))
         self._client = httpx.Client(timeout=config.timeout, follow_redirects=True, max_redirects=5,
-                                    transport=transport, headers={"User-Agent": USER_AGENT})  # the search API
+                                    transport=transport, headers={"User-Agent": USER_AGENT},
+                                    event_hooks={"request": [api_key_guard(config.endpoint)]},
+                                    limits=NO_KEEPALIVE)  # the search API
         self._pages = page_client(config.timeout, transport, config.private_pages)
         self._search_limiter = search_limiter or RateLimiter(config.rps)
         self._fetch_limiter = fetch_limiter or RateLimiter(config.fetch_rps, burst=max(1, int(config.fetch_rps)))
@@ -302,7 +308,8 @@ class WebRetriever:
             self._count(waited_seconds=self._search_limiter.acquire(), searches=1)
             request = search_request(cfg.engine, cfg.endpoint, query, n, cfg.language, self._api_key)
             try:
-                results, malformed = parse_results(cfg.engine, send_json(self._client, request))
+                reply = send_json(self._client, request, cfg.max_reply_bytes, cfg.timeout)
+                results, malformed = parse_results(cfg.engine, reply)
             except TransientError as err:
                 last = str(err)
                 continue

@@ -121,22 +121,114 @@ def _text(value: object) -> str:
     return " ".join(value.split()) if isinstance(value, str) else ""
 
 
-def send_json(client: httpx.Client, request: httpx.Request) -> object:
-    """Send ``request`` and decode its JSON reply; TransientError or WebSearchError on failure."""
+class Deadline(dict):
+    """A total deadline for one request, its redirects included, however slowly the peer sends.
+
+    It is httpx's per-request timeouts (``request.extensions["timeout"]``): each connect, read and
+    write may wait ``timeout`` seconds but never past the deadline (httpcore asks before each body
+    read). httpcore fixes the read timeout once for a whole response head, so :meth:`watch` also
+    records every socket the request opens (httpcore's ``trace`` extension) and shuts them down when
+    the deadline passes: a head sent a byte at a time fails then too. Clients using it keep no
+    idle connections (:data:`NO_KEEPALIVE`), so every request opens, and so records, its socket.
+    """
+
+    def __init__(self, timeout: float, total: float):
+        super().__init__(connect=timeout, read=timeout, write=timeout, pool=timeout)
+        self.total, self.ends = float(total), time.monotonic() + float(total)
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self.expired = False
+
+    def get(self, key, default=None):
+        value = super().get(key, default)
+        left = max(self.ends - time.monotonic(), 0.001)
+        return left if value is None else min(float(value), left)
+
+    def passed(self) -> bool:
+        return self.expired or time.monotonic() >= self.ends
+
+    def watch(self, request: httpx.Request) -> Deadline:
+        request.extensions["timeout"] = self
+        request.extensions["trace"] = self._trace
+        self._timer = threading.Timer(max(self.ends - time.monotonic(), 0.0), self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _trace(self, event: str, info: dict) -> None:
+        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
+            sock = info["return_value"].get_extra_info("socket")
+            with self._lock:
+                self._sockets.append(sock)
+                expired = self.expired
+            if expired:
+                _shutdown(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shutdown(sock)
+
+
+NO_KEEPALIVE = httpx.Limits(max_keepalive_connections=0)  # each request its own connection (Deadline)
+
+
+def _shutdown(sock: socket.socket) -> None:
     try:
-        response = client.send(request)
+        sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked in another thread
+    except OSError:
+        pass
+
+
+def send_json(client: httpx.Client, request: httpx.Request, max_bytes: int = 4_000_000,
+              total: float | None = None) -> object:
+    """Send ``request`` and decode its JSON reply (at most ``max_bytes``, within ``total`` seconds:
+    default the client's timeout); TransientError or WebSearchError on failure."""
+    per_op = client.timeout.read or 10.0
+    deadline = Deadline(per_op, total or per_op).watch(request)
+    try:
+        response = client.send(request, stream=True)
+        try:
+            status = response.status_code
+            body, over = _read_capped(response, max_bytes if status < 400 else 200, deadline)
+        finally:
+            response.close()
     except httpx.TransportError as err:  # refused, reset, DNS, timeouts
-        raise TransientError(f"{type(err).__name__}: {err}") from None
-    status = response.status_code
+        late = f" (over the total deadline of {deadline.total:g} s)" if deadline.passed() else ""
+        raise TransientError(f"{type(err).__name__}: {err}{late}") from None
+    finally:
+        deadline.cancel()
     if status == 429 or status >= 500:
         raise TransientError(f"HTTP {status} from {request.url.host}")
     if status >= 400:
         raise WebSearchError(f"the search API at {request.url.scheme}://{request.url.host} refused the request "
-                             f"(HTTP {status}): {response.text[:200]!r}", status=status)
+                             f"(HTTP {status}): {body.decode('utf-8', 'replace')!r}", status=status)
+    if over:
+        raise TransientError(f"the search API's reply is over {max_bytes} bytes (max_reply_bytes)")
     try:
-        return response.json()
+        return json.loads(body)
     except ValueError:
-        raise TransientError(f"the search API answered something that is not JSON: {response.text[:120]!r}") from None
+        raise TransientError(f"the search API answered something that is not JSON: {body[:120]!r}") from None
+
+
+def api_key_guard(endpoint: str) -> Callable[[httpx.Request], None]:
+    """httpx request hook of the search client: drops ``X-API-KEY`` from any request to another
+    origin than ``endpoint``'s (a redirect elsewhere; httpx drops ``Authorization`` itself)."""
+    origin = httpx.URL(endpoint)
+
+    def guard(request: httpx.Request) -> None:
+        url = request.url
+        if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port):
+            request.headers.pop("X-API-KEY", None)
+
+    return guard
 
 
 # -- pages -----------------------------------------------------------------------------------------
@@ -145,20 +237,51 @@ class BlockedAddress(httpx.RequestError):
     """A page address that resolves to a loopback, private, link-local or otherwise non-public host."""
 
 
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # RFC 6052: the IPv4 address in the last 32 bits
+NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: local-use translation, never public
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated ::a.b.c.d
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a NAT64, 6to4, IPv4-mapped or IPv4-compatible IPv6 address leads to."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in NAT64 or (address in IPV4_COMPATIBLE and int(address) > 1):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def _is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    if not address.is_global or address.is_multicast:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        if address in NAT64_LOCAL:
+            return False
+        inner = embedded_ipv4(address)
+        return inner is None or _is_public(inner)
+    return True
+
+
 def non_public_address(host: str, port: int) -> str | None:
-    """The first address of ``host`` that is not public (as text), or None when all are public or
-    the name does not resolve (the connection then fails on its own)."""
+    """Why ``host`` may not be fetched, or None when every address it resolves to is public: the
+    first address that is not (as text; an IPv6 address embedding a private IPv4 one, NAT64 or
+    6to4, counts as private), or ``"does not resolve"``."""
     try:
         addresses = [ipaddress.ip_address(host.strip("[]").split("%")[0])]
     except ValueError:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError):
-            return None
+        except (socket.gaierror, UnicodeError, OSError) as err:
+            return f"does not resolve: {err}"
         addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+        if not addresses:
+            return "does not resolve"
     for address in addresses:
-        if not address.is_global or address.is_multicast:
-            return str(address)
+        if not _is_public(address):
+            inner = embedded_ipv4(address) if isinstance(address, ipaddress.IPv6Address) else None
+            return f"{address}, embedding {inner}" if inner is not None else str(address)
     return None
 
 
@@ -167,6 +290,8 @@ def refuse_non_public(request: httpx.Request) -> None:
     every request of the client, each redirect included."""
     port = request.url.port or (443 if request.url.scheme == "https" else 80)
     address = non_public_address(request.url.host, port)
+    if address is not None and address.startswith("does not resolve"):
+        raise BlockedAddress(f"refused: {request.url.host} {address}", request=request)
     if address is not None:
         raise BlockedAddress(f"refused: {request.url.host} is a non-public address ({address}); "
                              "the web: option private_pages=true allows it", request=request)
@@ -175,34 +300,45 @@ def refuse_non_public(request: httpx.Request) -> None:
 def page_client(timeout: float, transport: httpx.BaseTransport | None = None,
                 private_pages: bool = False) -> httpx.Client:
     """The client result pages are fetched with: redirects followed (5 at most), our user agent, and
-    unless ``private_pages`` every request's host checked by :func:`refuse_non_public`."""
+    unless ``private_pages`` every request's host checked by :func:`refuse_non_public` (a name that
+    does not resolve is refused too). ``timeout`` is also each fetch's total deadline (:func:`fetch_page`)."""
     hooks = {} if private_pages else {"request": [refuse_non_public]}
     return httpx.Client(timeout=timeout, follow_redirects=True, max_redirects=5, transport=transport,
-                        headers={"User-Agent": USER_AGENT}, event_hooks=hooks)
+                        headers={"User-Agent": USER_AGENT}, event_hooks=hooks, limits=NO_KEEPALIVE)
 
 
-def fetch_page(client: httpx.Client, url: str, max_bytes: int) -> Page:
-    """GET ``url`` and turn it into text, reading at most ``max_bytes`` of the body.
+def fetch_page(client: httpx.Client, url: str, max_bytes: int, total: float | None = None) -> Page:
+    """GET ``url`` and turn it into text, reading at most ``max_bytes`` of the body, all of it (the
+    redirects, the head, the body) within ``total`` seconds (default: the client's timeout).
 
     Never raises for a bad page: HTTP errors, timeouts, unsupported content types come back as a
     :class:`Page` with ``error`` set (transient ones start with ``"transient: "``).
     """
     if urlsplit(url).scheme not in ("http", "https"):
         return Page(url, error=f"not an http(s) address: {url!r}")
+    per_op = client.timeout.read or 10.0
+    request = client.build_request("GET", url, headers={"User-Agent": USER_AGENT})
+    deadline = Deadline(per_op, total or per_op).watch(request)
     try:
-        with client.stream("GET", url, headers={"User-Agent": USER_AGENT}) as response:
+        response = client.send(request, stream=True)
+        try:
             if response.status_code >= 400:
                 transient = response.status_code == 429 or response.status_code >= 500
                 return Page(url, error=("transient: " if transient else "") + f"HTTP {response.status_code}")
             kind = response.headers.get("content-type", "text/html").split(";")[0].strip().lower()
             if kind not in HTML_TYPES and kind != "text/plain":
                 return Page(url, error=f"not an HTML or text page ({kind})")
-            body, truncated = _read_capped(response, max_bytes)
+            body, truncated = _read_capped(response, max_bytes, deadline)
             encoding = response.charset_encoding
+        finally:
+            response.close()
     except BlockedAddress as err:  # not transient: asking again gives the same answer
         return Page(url, error=str(err))
     except httpx.HTTPError as err:
-        return Page(url, error=f"transient: {type(err).__name__}: {err}")
+        late = f" (over the total deadline of {deadline.total:g} s)" if deadline.passed() else ""
+        return Page(url, error=f"transient: {type(err).__name__}: {err}{late}")
+    finally:
+        deadline.cancel()
     if kind == "text/plain":
         return Page(url, text=" ".join(body.decode(encoding or "utf-8", errors="replace").split()),
                     truncated=truncated)
@@ -210,14 +346,16 @@ def fetch_page(client: httpx.Client, url: str, max_bytes: int) -> Page:
     return Page(url, title=title, text=text, truncated=truncated)
 
 
-def _read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
-    """The first ``max_bytes`` of the body, and whether there was more."""
+def _read_capped(response: httpx.Response, max_bytes: int, deadline: Deadline | None = None) -> tuple[bytes, bool]:
+    """The first ``max_bytes`` of the body, and whether there was more; ReadTimeout past ``deadline``."""
     chunks, size = [], 0
     for chunk in response.iter_bytes():
         chunks.append(chunk)
         size += len(chunk)
         if size > max_bytes:
             return b"".join(chunks)[:max_bytes], True
+        if deadline is not None and deadline.passed():
+            raise httpx.ReadTimeout(f"the reply took longer than {deadline.total:g} s", request=response.request)
     return b"".join(chunks), False
 
 
