@@ -25,6 +25,19 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def normalize_seek(text: str) -> str:
+    """SEEK's normalisation (PAGER's evaluation code): as :func:`normalize_answer`, except that
+    punctuation becomes a space instead of vanishing ("Notre-Dame" -> "notre dame", not "notredame")."""
+    text = text.lower()
+    text = "".join(" " if ch in _PUNCTUATION else ch for ch in text)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+# Cover-EM's normalisations by name: "squad" everywhere, "seek" where SEEK's numbers are reproduced.
+COVER_EM_NORMALIZATIONS = {"squad": normalize_answer, "seek": normalize_seek}
+
+
 def normalize_for_match(text: str) -> str:
     """SQuAD normalisation after stripping diacritics (the SEEDS answer-bearing proxy's text form)."""
     decomposed = unicodedata.normalize("NFD", text)
@@ -64,11 +77,16 @@ def f1_score(prediction: str, golds: str | Sequence[str], hotpot_yes_no: bool = 
     return max((_f1_pair(prediction, g, hotpot_yes_no) for g in _golds(golds)), default=0.0)
 
 
-def cover_em(prediction: str, golds: str | Sequence[str]) -> float:
-    """1.0 when, for some gold, every token of the normalised gold is a token of the prediction."""
-    pred_tokens = set(normalize_answer(prediction).split())
+def cover_em(prediction: str, golds: str | Sequence[str], normalization: str = "squad") -> float:
+    """1.0 when, for some gold, every token of the normalised gold is a token of the prediction.
+    ``normalization``: a name of :data:`COVER_EM_NORMALIZATIONS` (``"seek"``: punctuation to spaces)."""
+    if normalization not in COVER_EM_NORMALIZATIONS:
+        raise ValueError(f"cover_em normalization must be one of {tuple(COVER_EM_NORMALIZATIONS)}, "
+                         f"not {normalization!r}")
+    normalize = COVER_EM_NORMALIZATIONS[normalization]
+    pred_tokens = set(normalize(prediction).split())
     for gold in _golds(golds):
-        gold_tokens = normalize_answer(gold).split()
+        gold_tokens = normalize(gold).split()
         if gold_tokens and all(tok in pred_tokens for tok in gold_tokens):
             return 1.0
     return 0.0

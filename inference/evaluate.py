@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                                           "variant=...)")
     parser.add_argument("--budget", choices=PRESETS, help="generation-budget preset: small (the methods' defaults), "
                         "paper (the papers' settings), thinking (reasoning models); --method-option values win")
+    parser.add_argument("--greedy", action="store_true",
+                        help="greedy decoding under any --budget preset (the default without one); same as "
+                             "--method-option temperature=0 top_p=1 top_k=0")
+    parser.add_argument("--dataset", help="the dataset's name when --data does not say it (e.g. nq, hotpotqa): "
+                                          "--budget paper picks per-dataset search caps by it (default: the --data "
+                                          "file or hub name)")
     parser.add_argument("--thinking", choices=tuple(THINKING_MODES), default="auto",
                         help="the chat template's enable_thinking switch: on, off, or auto (the template's default)")
     parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
@@ -102,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "the hf and vllm backends")
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-llm-calls", type=int, default=64, help="per question")
+    parser.add_argument("--max-llm-calls", type=int, default=None,
+                        help="per question (default: 64; MAPS: room for all its iterations, e.g. 81 for 10 "
+                             "iterations with preview admission)")
     parser.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
     parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without a key)")
     parser.add_argument("--wandb-project", default="seeds-rl")
@@ -148,7 +156,9 @@ def resolve_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 NOT_IDENTITY = ("limit", "sample")  # how many questions: a rerun with more extends the run
-ADDED_KEYS = {"guided_actions": False, "sample": None}  # keys newer than some run folders: their value then
+GREEDY_RECORD = {"mode": "greedy", "temperature": 0.0, "top_p": 1.0, "top_k": 0}  # the decoding before it was an option
+ADDED_KEYS = {"guided_actions": False, "sample": None, "sampling": GREEDY_RECORD, "dataset": None}  # keys newer than
+# some run folders: their value then
 
 
 def run_config(args: argparse.Namespace, method, env_config) -> dict:
@@ -168,14 +178,19 @@ def run_config(args: argparse.Namespace, method, env_config) -> dict:
         "env": dataclasses.asdict(env_config),
         "seed": args.seed,
         "max_llm_calls": args.max_llm_calls,
+        "sampling": method.sampling().record(args.seed),
+        **({"dataset": args.dataset} if getattr(args, "dataset", None) else {}),
         **({"budget": args.budget} if args.budget else {}),
         **({"thinking": args.thinking} if args.thinking != "auto" else {}),
     }
 
 
 def run_identity(config: dict) -> dict:
-    """The part of a run's config that a resumed run must match."""
+    """The part of a run's config that a resumed run must match (a greedy run's sampling seed aside:
+    greedy decoding does not draw, and ``--seed`` is in the config already)."""
     identity = {**ADDED_KEYS, **config}
+    if isinstance(identity["sampling"], dict) and identity["sampling"].get("mode") == "greedy":
+        identity["sampling"] = GREEDY_RECORD
     return {k: v for k, v in identity.items() if k not in NOT_IDENTITY}
 
 
@@ -243,6 +258,8 @@ def evaluate(args: argparse.Namespace) -> dict | None:
     pin_devices(shard)  # before any engine touches CUDA
     method = build_method(args)
     args.guided_actions = resolve_guided_actions(args, method)
+    if args.max_llm_calls is None:
+        args.max_llm_calls = method.llm_call_cap()
     base_env = build_env(args, method)
     config = run_config(args, method, base_env)
     out = Path(args.out)
@@ -300,9 +317,20 @@ def run_shard(args: argparse.Namespace, config: dict, method, base_env, todo: li
     llm.close()
 
 
+def count_unit(config: dict) -> str:
+    """What a run's observation caps and ``doc_tokens`` count: ``"tokens"`` of the model's tokenizer
+    (the hf and vllm backends; the openai backend with ``--llm-option tokenizer=...``), else
+    ``"words"`` (the openai backend without the served model's tokenizer)."""
+    kind = str(config.get("llm") or DEFAULT_LLM).partition(":")[0]
+    named = (config.get("llm_options") or {}).get("tokenizer")
+    return "words" if kind == "openai" and not named else "tokens"
+
+
 def finish_run(args: argparse.Namespace, config: dict, records: list[dict]) -> dict:
     """``metrics.json`` of the run's records (in question order), the printed table, W&B."""
     metrics = summarize(records)
+    metrics["sampling"] = config.get("sampling", GREEDY_RECORD)  # the decoding these figures came from
+    metrics["count_unit"] = count_unit(config)  # what observation caps and doc_tokens counted
     write_json_atomic(metrics, Path(args.out) / "metrics.json")
     print(format_table({config["method"]: metrics}))
     if args.wandb:

@@ -113,10 +113,19 @@ def answered_only(records: list[dict]) -> dict:
     return out
 
 
+def thinking_cut_offs(records: list[dict]) -> dict[str, int]:
+    """Calls whose token budget ran out inside a leading ``<think>`` block (their trace entries say
+    ``"thinking": "cut_off"``, :meth:`methods.context.QuestionContext.generate`): ``thinking_cut_offs``
+    (calls) and ``thinking_cut_off_questions`` (questions with at least one)."""
+    per_question = [sum(1 for e in r.get("trace") or [] if e.get("type") == "llm" and e.get("thinking") == "cut_off")
+                    for r in records]
+    return {"thinking_cut_offs": sum(per_question), "thinking_cut_off_questions": sum(1 for n in per_question if n)}
+
+
 def summarize(records: list[dict]) -> dict:
     """The ``metrics.json`` of a run: :func:`envs.report.summarize_episodes` of its records (the
-    names and pooled formulas every consumer uses) plus the LLM's cost, latency, the SEEDS
-    admission analyses and the finish reasons."""
+    names and pooled formulas every consumer uses) plus the LLM's cost, latency, thinking cut-offs,
+    the SEEDS admission analyses and the finish reasons."""
     out: dict = {"questions": len(records)}
     if not records:
         return out
@@ -126,6 +135,7 @@ def summarize(records: list[dict]) -> dict:
     out["llm_tokens_in_per_question"] = _mean([r["llm_prompt_tokens"] for r in records])
     out["llm_tokens_out_per_question"] = _mean([r["llm_completion_tokens"] for r in records])
     out["mean_latency_s"] = _mean([r["latency_s"] for r in records])
+    out.update(thinking_cut_offs(records))
     out.update(admission_stats(records))
     out["answered_only"] = answered_only(records)
     out["finish_reasons"] = dict(Counter(r["finish_reason"] for r in records).most_common())

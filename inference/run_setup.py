@@ -17,7 +17,7 @@ from envs.config import EnvConfig
 from envs.typed_config import ConfigError, merge_values, read_recipe
 from inference.backends.chat import THINKING_MODES, thinking_setting
 from methods.base import split_env_limits
-from methods.budgets import budget_options
+from methods.budgets import GREEDY_OPTIONS, budget_options, paper_env_limits
 
 DEFAULT_LLM = "hf:smollm2-135m"  # chat-tuned, ~4x faster than Gemma 3 270M base on CPU
 GUIDED_BACKENDS = ("hf", "vllm")  # guided actions by default on these
@@ -63,18 +63,31 @@ def build_method(args: argparse.Namespace):
         if options.get("variant", args.variant) != args.variant:
             raise SystemExit(f"--variant {args.variant} contradicts --method-option variant={options['variant']}")
         options["variant"] = args.variant
+    if getattr(args, "greedy", False):  # greedy decoding over the preset's; explicit options still win
+        options = {**GREEDY_OPTIONS, **options}
     try:
-        return methods.get(args.method, **budget_options(args.budget, args.method, options))
+        method = methods.get(args.method, **budget_options(args.budget, args.method, options))
+        method.sampling()  # an impossible decoding setting exits here, before any question runs
+        return method
     except (KeyError, TypeError, ValueError) as err:
         raise SystemExit(f"--method {args.method}: {err}") from err
 
 
+def limits_dataset(args: argparse.Namespace) -> str | None:
+    """The name a per-dataset paper limit is chosen by: ``--dataset``, else the ``--data`` file or
+    hub name (:func:`methods.budgets.dataset_kind`)."""
+    return getattr(args, "dataset", None) or args.data
+
+
 def build_env(args: argparse.Namespace, method) -> EnvConfig:
-    """The run's env: the method's paper limits, then ``--env-config``, then old limit options
-    (``--method-option k=3``), then ``--env``; the method's protocol settings last
-    (:meth:`methods.base.Method.env_config`). A contradiction or a bad key exits with the reason."""
+    """The run's env: the method's paper limits, then under ``--budget paper`` its source's caps for
+    the dataset (:func:`methods.budgets.paper_env_limits`, by :func:`limits_dataset`), then
+    ``--env-config``, then old limit options (``--method-option k=3``), then ``--env``; the method's
+    protocol settings last (:meth:`methods.base.Method.env_config`). A contradiction or a bad key
+    exits with the reason."""
     try:
-        recipe = read_recipe(Path(args.env_config)) if args.env_config else {}
+        recipe = merge_values(paper_env_limits(args.budget, args.method, limits_dataset(args)),
+                              read_recipe(Path(args.env_config)) if args.env_config else {})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # build_method already warned
             _, old_limits = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from envs.episode import EpisodeState
 from envs.protocol import CLOSING_TAGS
 from methods.context import QuestionContext, StepOutcome
+from methods.guidance import ANSWER_CHARS, QUERY_CHARS, turn_regex
 from methods.parsing import clean_answer
 
 ObservationHook = Callable[[StepOutcome, str], Awaitable[str | None]]
@@ -56,6 +57,14 @@ async def forced_answer(ctx: QuestionContext, transcript, max_tokens: int = FORC
     await ctx.answer(forced_answer_text(completion.text))
 
 
+def guide(ctx: QuestionContext, max_tokens: int, answer_chars: int, query_chars: int) -> str | None:
+    """The guided-actions expression of the next turn (None when the run is not guided)."""
+    if not ctx.action_tags:
+        return None
+    return turn_regex(ctx.action_tags, ctx.env.episode, ctx.env.config, max_tokens=max_tokens,
+                      answer_chars=answer_chars, query_chars=query_chars)
+
+
 async def run_agent_turns(
     ctx: QuestionContext,
     transcript,
@@ -66,10 +75,14 @@ async def run_agent_turns(
     on_observation: ObservationHook | None = None,
     force_answer: bool = True,
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS,
+    answer_chars: int = ANSWER_CHARS,
+    query_chars: int = QUERY_CHARS,
 ) -> None:
     """Run turns until the episode ends.
 
-    With guided actions (``ctx.action_tags``), each turn's request carries :meth:`QuestionContext.turn_regex`.
+    With guided actions (``ctx.action_tags``), each turn's request carries the expression of the
+    actions the env accepts now (:func:`methods.guidance.turn_regex`), answers at most
+    ``answer_chars`` and queries at most ``query_chars`` characters, the whole turn within ``max_tokens``.
     ``translate`` rewrites the model's text into an env action (e.g. dyn-k's ``<read>n</read>``);
     ``on_observation(outcome, model_text)`` may replace what is appended after an action
     (e.g. Search-o1's condensed ``<result>``); returning None appends the env observation.
@@ -89,7 +102,7 @@ async def run_agent_turns(
             await forced_answer(ctx, transcript, forced_answer_tokens)
             return
         result = await ctx.generate(transcript.prompt(), stop=stops, max_tokens=max_tokens, tag="turn",
-                                    regex=ctx.turn_regex())
+                                    regex=guide(ctx, max_tokens, answer_chars, query_chars))
         completion = result.completions[0]
         if completion.finish_reason == "error":
             await ctx.give_up("llm_error")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from methods.context import QuestionContext
 
 REGISTRY: dict[str, type[Method]] = {}
+DEFAULT_LLM_CALLS = 64  # LLM calls per question unless a method needs more (Method.llm_call_cap)
 # Method options of earlier releases that are env limits now: old option -> EnvConfig field.
 ENV_LIMIT_OPTIONS = {"k": "candidates_per_search", "max_expand": "max_expand", "max_searches": "max_searches",
                      "max_actions": "max_actions", "expand_form": "expand_form", "judge_question": "judge_question"}
@@ -47,8 +48,20 @@ def register(name: str):
     return decorate
 
 
+# The decoding options every method has (keyword-only fields of :class:`Method`), kept out of
+# ``options()`` and recorded as the run's ``sampling`` instead (runs from before them still resume).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "sampling_seed")
+
+
+@dataclasses.dataclass
 class Method(ABC):
-    """Base class; subclasses are dataclasses whose fields are the method's options."""
+    """Base class; subclasses are dataclasses whose fields are the method's options.
+
+    Every method also has the decoding options of its LLM calls (keyword-only): ``temperature``
+    (0: greedy, the default; ``top_p``/``top_k`` then do nothing), ``top_p`` (1: off), ``top_k``
+    (0: off) and ``sampling_seed`` (None: each call's seed comes from the run's ``--seed``, the
+    question id and the call's number; an int replaces ``--seed`` there). ``--budget paper`` /
+    ``thinking`` set them per method (:mod:`methods.budgets`)."""
 
     name: ClassVar[str] = "method"
     # The env limits of the method's paper (EnvConfig fields): defaults that a run's env overrides.
@@ -57,6 +70,10 @@ class Method(ABC):
     # (methods.thinking); trained token-in/token-out protocols turn this off to match training.
     handles_thinking: ClassVar[bool] = True
     action_tags: ClassVar[tuple[str, ...]] = ()  # the tags its turns end in (guided decoding), if it has them
+    temperature: float = dataclasses.field(default=0.0, kw_only=True)
+    top_p: float = dataclasses.field(default=1.0, kw_only=True)
+    top_k: int = dataclasses.field(default=0, kw_only=True)
+    sampling_seed: int | None = dataclasses.field(default=None, kw_only=True)
 
     def fixed_env(self) -> dict[str, Any]:
         """EnvConfig fields the method's protocol fixes (admission mode, limits its own options imply)."""
@@ -85,11 +102,53 @@ class Method(ABC):
     def action_regex(self) -> str | None:
         """The regular expression of one agent turn in this method's action format
         (:func:`methods.guidance.action_regex` of :attr:`action_tags`); None: no action format."""
-        return action_regex(self.action_tags) if self.action_tags else None
+        if not self.action_tags:
+            return None
+        bounds = {key: getattr(self, key) for key in ("answer_chars", "query_chars") if hasattr(self, key)}
+        return action_regex(self.action_tags, **bounds)
+
+    def llm_call_cap(self) -> int:
+        """LLM calls one question may make when the run sets no ``--max-llm-calls``
+        (:data:`DEFAULT_LLM_CALLS`; a method whose protocol needs more says so)."""
+        return DEFAULT_LLM_CALLS
 
     def options(self) -> dict[str, Any]:
-        """The method's settings, as saved with a run's resolved configuration."""
-        return dataclasses.asdict(self) if dataclasses.is_dataclass(self) else {}
+        """The method's settings, as saved with a run's resolved configuration (its decoding
+        options apart: :meth:`sampling`)."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in SAMPLING_FIELDS}
+
+    def sampling(self) -> Sampling:
+        """The decoding of every LLM call the method makes (ValueError for an impossible setting)."""
+        return Sampling(float(self.temperature), float(self.top_p), int(self.top_k), self.sampling_seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """Decoding settings of a method's LLM calls; ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None  # None: the run's --seed
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, not {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], not {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), not {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def record(self, run_seed: int) -> dict[str, Any]:
+        """What ``config.json`` and ``metrics.json`` say about the decoding."""
+        return {"mode": "greedy" if self.greedy else "sample", "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": run_seed if self.seed is None else self.seed}
 
 
 # Observation tokens per candidate in the papers' settings: SEEDS-R1 caps an observation at 1,200

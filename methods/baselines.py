@@ -9,6 +9,7 @@ from typing import ClassVar
 from methods.agent_loop import FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, paper_limits, register
 from methods.context import QuestionContext, StepOutcome
+from methods.guidance import ANSWER_CHARS, QUERY_CHARS
 from methods.parsing import clean_answer, extract_answer, first_int, last_tag
 from methods.prompts import demos, direct, format_docs, iterative, r1, react
 from methods.prompts import o1 as o1_prompts
@@ -70,6 +71,8 @@ class ReActFixedK(Method):
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
+    answer_chars: int = ANSWER_CHARS  # guided actions: an answer is one line of at most this many characters
+    query_chars: int = QUERY_CHARS  # guided actions: a query is one line of at most this many characters
 
     def fixed_env(self) -> dict:
         return dict(PREFIX_PROTOCOL)
@@ -79,7 +82,8 @@ class ReActFixedK(Method):
         prompt = react.FIXED_K.format(k=env.candidates_per_search, max_searches=env.max_searches, question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREFIX) if self.example else prompt
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
-                              forced_answer_tokens=self.forced_answer_tokens)
+                              forced_answer_tokens=self.forced_answer_tokens, answer_chars=self.answer_chars,
+                              query_chars=self.query_chars)
 
 
 @register("react-dynk")
@@ -92,6 +96,8 @@ class ReActDynamicK(Method):
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
+    answer_chars: int = ANSWER_CHARS  # guided actions: an answer is one line of at most this many characters
+    query_chars: int = QUERY_CHARS  # guided actions: a query is one line of at most this many characters
 
     def fixed_env(self) -> dict:
         # Preview mode gives "retrieve now, open later"; the model never sees the previews.
@@ -121,7 +127,8 @@ class ReActDynamicK(Method):
 
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens, extra_stops=("</read>",),
                               translate=self.translate, on_observation=hide_previews,
-                              forced_answer_tokens=self.forced_answer_tokens)
+                              forced_answer_tokens=self.forced_answer_tokens, answer_chars=self.answer_chars,
+                              query_chars=self.query_chars)
 
 
 async def reason_in_documents(ctx: QuestionContext, reasoning: str, query: str, hits, max_tokens: int) -> str:
@@ -142,11 +149,16 @@ class SearchO1(Method):
     """Search-o1: reasoning with search tags; a reader condenses the top-k documents of each search."""
     action_tags = ("search", "answer")
 
+    # K=10 is Search-o1's code (top_k 10); 5 searches / 12 actions are our small-model caps, not its:
+    # its code allows 10 searches / 15 turns on multi-hop sets and 5 on NQ/TriviaQA (--budget paper:
+    # methods.budgets.PAPER_LIMITS)
     paper_env: ClassVar[dict] = paper_limits(k=10, max_searches=5, max_actions=12)
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
+    answer_chars: int = ANSWER_CHARS  # guided actions: an answer is one line of at most this many characters
+    query_chars: int = QUERY_CHARS  # guided actions: a query is one line of at most this many characters
 
     def fixed_env(self) -> dict:
         return {**PREFIX_PROTOCOL, "duplicate_query": "allow"}
@@ -163,7 +175,8 @@ class SearchO1(Method):
             return await reason_in_documents(ctx, transcript.text, query, outcome.shown, self.reader_max_tokens)
 
         await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=condense,
-                              forced_answer_tokens=self.forced_answer_tokens)
+                              forced_answer_tokens=self.forced_answer_tokens, answer_chars=self.answer_chars,
+                              query_chars=self.query_chars)
 
 
 @register("search-r1")

@@ -15,10 +15,15 @@ The budgets stay the methods' own options (``max_tokens``, ``reader_max_tokens``
 
 The trained protocols (``search-r1``, ``seeds-r1``) keep their per-turn budget in every preset
 but ``paper``: a checkpoint is evaluated as it was trained.
+
+A preset also sets each method's decoding (``temperature``, ``top_p``, ``top_k``: :data:`SAMPLING`)
+and, under ``paper``, the search caps of the method's source per dataset (:func:`paper_env_limits`).
+Without a preset every method decodes greedily with its ``paper_env`` caps, as before.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import methods  # noqa: F401  (registers every method, whose defaults make the small preset)
@@ -76,6 +81,71 @@ PAPER_STATED: dict[str, dict[str, int]] = {
 }
 
 
+# Decoding per preset and method: (temperature, top_p, top_k); temperature 0 is greedy. Values the
+# papers' code states (shared/notes/rag_toolkits.md, seed_methods.md; read, not re-run):
+SEARCH_O1_CODE = (0.7, 0.8, 20)  # Search-o1's run_search_o1.py: reasoner and Reason-in-Documents sampling (its
+#                                  repetition_penalty 1.05 for QwQ has no option here: a named deviation)
+PAGER_CODE = (0.7, 0.8, 20)  # PAGER (SEEK's code): every call (its repetition_penalty 1.02, seed 66: not applied)
+KAIR_CODE = (0.1, 0.9, 0)  # KAIR's code: vLLM SamplingParams temperature 0.1, top_p 0.9 (no top_k: off)
+# Where the source is silent, reasoning-model decoding: the QwQ-32B and Qwen3 model cards ask for
+# temperature 0.6, top_p 0.95, top_k 20 (20-40 for QwQ) in thinking mode and warn against greedy decoding.
+REASONING_CARD = (0.6, 0.95, 20)
+GREEDY = (0.0, 1.0, 0)  # the trained protocols: Search-R1 validates greedily (do_sample=False)
+
+SAMPLING_THINKING: dict[str, tuple[float, float, int]] = {
+    **{m: REASONING_CARD for m in BUDGET_FIELDS}, "search-r1": GREEDY, "seeds-r1": GREEDY}
+SAMPLING_PAPER: dict[str, tuple[float, float, int]] = {
+    **SAMPLING_THINKING,
+    "search-o1": SEARCH_O1_CODE,
+    "seeds-o1": SEARCH_O1_CODE,  # SEEDS §F.1 builds SEEDS-o1 on Search-o1 and states no sampling of its own
+    "seek": PAGER_CODE,
+    "kair": KAIR_CODE,
+}
+SAMPLING = {"small": {m: GREEDY for m in BUDGET_FIELDS}, "paper": SAMPLING_PAPER, "thinking": SAMPLING_THINKING}
+GREEDY_OPTIONS = dict(zip(("temperature", "top_p", "top_k"), GREEDY))  # --greedy: under any preset
+
+# Search caps of the papers' sources per dataset kind, applied under ``--budget paper`` only (the
+# methods' ``paper_env`` stays the default without a preset, so earlier results do not move).
+# Search-o1's released code (run_search_o1.py): MAX_SEARCH_LIMIT 10, MAX_TURN 15 on HotpotQA, 2Wiki,
+# MuSiQue and Bamboogle; MAX_SEARCH_LIMIT 5 on NQ and TriviaQA (MAX_TURN there: the argparse default
+# 15). One Search-o1 turn ends in one search or the answer: one env action.
+SINGLE_HOP = ("nq", "triviaqa", "popqa", "squad", "webq")  # "NQ-style": Search-o1's 5-search sets (nq, triviaqa)
+MULTI_HOP = ("hotpotqa", "2wiki", "musique", "bamboogle")  # Search-o1's 10-search sets
+SEARCH_O1_LIMITS = {"single_hop": {"max_searches": 5, "max_actions": 15},
+                    "multi_hop": {"max_searches": 10, "max_actions": 15}}
+PAPER_LIMITS: dict[str, dict[str, dict[str, int]]] = {
+    "search-o1": SEARCH_O1_LIMITS,
+    # SEEDS-o1 is Search-o1 with an admission step (SEEDS §F.1; no caps of its own in our text): Search-o1's
+    # searches, and its 15 turns plus one expand per allowed search (our mapping).
+    "seeds-o1": {kind: {"max_searches": c["max_searches"], "max_actions": 15 + c["max_searches"]}
+                 for kind, c in SEARCH_O1_LIMITS.items()},
+}
+
+
+def dataset_kind(name: str | None) -> str | None:
+    """``single_hop`` or ``multi_hop`` for a dataset name or data file path: the kind of the first
+    word of its file name (split at anything not a letter or digit) that starts with a known name
+    (``hotpotqa_dev.jsonl``, ``2WikiMultihopQA`` -> multi_hop; ``nq_test.jsonl``,
+    ``FlashRAG_datasets/nq`` -> single_hop); None: no known name."""
+    if not name:
+        return None
+    words = re.split(r"[^a-z0-9]+", str(name).replace("\\", "/").rsplit("/", 1)[-1].lower())
+    for word in words:
+        for kind, names in (("multi_hop", MULTI_HOP), ("single_hop", SINGLE_HOP)):
+            if any(word.startswith(n) for n in names):
+                return kind
+    return None
+
+
+def paper_env_limits(preset: str | None, method: str, dataset: str | None) -> dict[str, int]:
+    """The env caps ``preset`` gives ``method`` on ``dataset`` (a name or data path): under
+    ``paper``, its source's caps for the dataset's kind (multi-hop when the kind is unknown:
+    Search-o1's argparse defaults); otherwise none (the method's ``paper_env``)."""
+    if preset != "paper" or method not in PAPER_LIMITS:
+        return {}
+    return dict(PAPER_LIMITS[method][dataset_kind(dataset) or "multi_hop"])
+
+
 def _defaults(method: str) -> dict[str, int]:
     fields = {f.name: f.default for f in dataclasses.fields(REGISTRY[method])}
     return {name: fields[name] for name in BUDGET_FIELDS[method]}
@@ -94,7 +164,8 @@ PRESETS = ("small", "paper", "thinking")
 
 
 def budget_options(preset: str | None, method: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``options`` with the preset's budgets added for ``method``; options given explicitly win.
+    """``options`` with the preset's budgets and decoding (:data:`SAMPLING`) added for ``method``;
+    options given explicitly win (``temperature=0``: greedy under any preset).
 
     ``preset=None`` adds nothing (the method's defaults, i.e. ``small``). Unknown preset or method:
     ValueError naming the choices."""
@@ -105,4 +176,5 @@ def budget_options(preset: str | None, method: str, options: dict[str, Any] | No
         raise ValueError(f"budget preset must be one of {PRESETS}, not {preset!r}")
     if method not in BUDGET_FIELDS:
         raise ValueError(f"no budget presets for method {method!r}; they cover {sorted(BUDGET_FIELDS)}")
-    return {**presets()[preset][method], **options}
+    sampling = dict(zip(("temperature", "top_p", "top_k"), SAMPLING[preset][method]))
+    return {**presets()[preset][method], **sampling, **options}

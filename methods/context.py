@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,8 +17,8 @@ from envs.episode import SearchRecord
 from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
+from methods.base import Sampling
 from methods.env_batcher import EnvStepBatcher
-from methods.guidance import turn_regex
 from methods.llm import (
     Completion,
     GenerationRequest,
@@ -59,8 +60,12 @@ class StepOutcome:
 class QuestionContext:
     def __init__(self, example: QAExample, env: SearchEnv, llm: LLMBackend, steps: EnvStepBatcher,
                  seed: int = 0, max_llm_calls: int = 64, handle_thinking: bool = True,
-                 action_tags: tuple[str, ...] = ()):
+                 action_tags: tuple[str, ...] = (), sampling: Sampling | None = None):
         self.example = example
+        # the decoding of every call that does not set its own (the method's; default greedy)
+        self.sampling = sampling or Sampling()
+        if self.sampling.seed is not None:  # the method's own seed replaces the run's, per question as before
+            seed = self.sampling.seed + zlib.crc32(example.id.encode()) % 2**31
         self.action_tags = tuple(action_tags)  # guided actions: the method's action tags (empty: not guided)
         self.env = env
         self.llm = llm
@@ -93,19 +98,14 @@ class QuestionContext:
 
     # -- LLM -----------------------------------------------------------------------------------
 
-    def turn_regex(self) -> str | None:
-        """With guided actions, the regular expression of the next agent turn: free text, then one
-        action the env accepts now (:func:`methods.guidance.turn_regex`); None otherwise."""
-        if not self.action_tags:
-            return None
-        return turn_regex(self.action_tags, self.env.episode, self.env.config)
-
     async def generate(self, prompt: Prompt, *, stop: tuple[str, ...] | list[str] = (), max_tokens: int = 256,
-                       temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, tag: str = "",
+                       temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                       tag: str = "",
                        allowed_token_ids: tuple[int, ...] = (), regex: str | None = None) -> GenerationResult:
         """One LLM call, recorded in the trace under ``tag`` (e.g. ``"reason"``, ``"refine"``);
         ``allowed_token_ids``: a constrained choice; ``regex``: guided decoding (see
-        :class:`GenerationRequest`).
+        :class:`GenerationRequest`). ``temperature``, ``top_p``, ``top_k``: None takes the method's
+        (:attr:`sampling`); each call's seed is the question's seed plus the call's number.
 
         With ``handle_thinking`` (every prompted method) a leading ``<think>`` block is taken out of
         the completion's text into ``completion.thinking`` before the method sees it, and a stop
@@ -116,8 +116,11 @@ class QuestionContext:
         """
         if self.llm_calls >= self.max_llm_calls:
             raise EpisodeOver(f"LLM call limit of {self.max_llm_calls} reached")
-        request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens, temperature=temperature,
-                                    top_p=top_p, top_k=top_k, seed=self.seed + self.llm_calls,
+        sampling = self.sampling
+        request = GenerationRequest(prompt=prompt, stop=tuple(stop), max_tokens=max_tokens,
+                                    temperature=sampling.temperature if temperature is None else temperature,
+                                    top_p=sampling.top_p if top_p is None else top_p,
+                                    top_k=sampling.top_k if top_k is None else top_k, seed=self.seed + self.llm_calls,
                                     allowed_token_ids=tuple(allowed_token_ids), regex=regex)
         self.llm_calls += 1
         started = time.perf_counter()

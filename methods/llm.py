@@ -115,6 +115,12 @@ class LLMBackend(ABC):
     name: str = "base"
     tokenizer: Any = None  # a Hugging Face tokenizer when the backend has one locally
 
+    @property
+    def count_tokenizer(self) -> Any:
+        """The tokenizer the env counts observation caps and document tokens in: :attr:`tokenizer`
+        unless a backend names another (the ``openai`` backend's ``tokenizer`` option); None: words."""
+        return self.tokenizer
+
     max_batch_size: int = 32  # requests per batch formed from concurrent agenerate calls
 
     @abstractmethod

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from envs.types import Hit
-from methods.base import Method, paper_limits, register, require_choice
+from methods.base import DEFAULT_LLM_CALLS, Method, paper_limits, register, require_choice
 from methods.baselines import answer_from
 from methods.context import QuestionContext
 from methods.evidence import ADMISSIONS, SELECT_TOKENS, admission_protocol, gather_evidence, searches_left
@@ -155,6 +155,11 @@ class MAPS(Method):
         if self.variant == "single_call":
             return 3 + selections
         return 2 + (n if self.with_directions else 0) + selections
+
+    def llm_call_cap(self) -> int:
+        """Room for all ``max_iterations`` iterations and the answer (preview admission: 8 calls an
+        iteration, 81 for the paper's 10), never below the default cap."""
+        return max(DEFAULT_LLM_CALLS, self.max_iterations * self.calls_per_iteration() + 1)
 
     # -- the loop ------------------------------------------------------------------------------
 

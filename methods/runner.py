@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs.config import EnvConfig
+from envs.metrics import cover_em
 from envs.search_env import SearchEnv
 from envs.types import QAExample
 from methods.base import Method
@@ -69,7 +70,12 @@ async def run_question(method: Method, ctx: QuestionContext) -> dict[str, Any]:
         ctx.trace.append({"type": "error", "error": f"{type(err).__name__}: {err}",
                           "traceback": traceback.format_exc(limit=6)})
         await ctx.give_up(f"error: {type(err).__name__}")
-    return prediction_record(ctx)
+    record = prediction_record(ctx)
+    normalization = getattr(method, "cover_em_normalization", "squad")  # SEEK: its paper's Cover-EM
+    if normalization != "squad" and record["prediction"] is not None:
+        record["metrics"] = {**record["metrics"],
+                             "cover_em": cover_em(record["prediction"], record["golden_answers"], normalization)}
+    return record
 
 
 async def run_questions(
@@ -80,7 +86,7 @@ async def run_questions(
     env_config: EnvConfig | None = None,
     concurrency: int = 32,
     seed: int = 0,
-    max_llm_calls: int = 64,
+    max_llm_calls: int | None = None,
     on_result: Callable[[dict], None] | None = None,
     env_tokenizer: Any = None,
     guided_actions: bool = False,
@@ -94,9 +100,15 @@ async def run_questions(
     ``guided_actions``: every agent turn decodes only the method's action format
     (:meth:`Method.action_regex`; ValueError for a method without one).
 
+    ``max_llm_calls``: per question (None: the method's :meth:`Method.llm_call_cap`, 64 for all but
+    MAPS, which gets room for all its iterations).
+
     The env counts observation caps in ``env_tokenizer``'s tokens when given (a policy trained on
-    these episodes), else in the backend's tokenizer (words when it has none)."""
+    these episodes), else in the backend's (:attr:`LLMBackend.count_tokenizer`: the ``openai``
+    backend's ``tokenizer`` option), words when it has none."""
     config = method.fit_env(env_config) if env_config is not None else method.env_config()
+    if max_llm_calls is None:
+        max_llm_calls = method.llm_call_cap()
     tags = method.action_tags if guided_actions else ()
     if guided_actions and method.action_regex() is None:
         raise ValueError(f"method {method.name!r} declares no action format to guide (Method.action_tags)")
@@ -107,10 +119,11 @@ async def run_questions(
         question_seed = seed + zlib.crc32(example.id.encode()) % 2**31  # stable across resumed runs
         async with gate:
             env = SearchEnv(retriever, None, config,
-                            tokenizer=env_tokenizer if env_tokenizer is not None else llm.tokenizer)
+                            tokenizer=env_tokenizer if env_tokenizer is not None else llm.count_tokenizer)
             env.reset(seed=question_seed, options={"example": example})
             ctx = QuestionContext(example, env, llm, steps, seed=question_seed, max_llm_calls=max_llm_calls,
-                                  handle_thinking=method.handles_thinking, action_tags=tags)
+                                  handle_thinking=method.handles_thinking, action_tags=tags,
+                                  sampling=method.sampling())
             record = await run_question(method, ctx)
         if on_result is not None:
             on_result(record)

@@ -19,6 +19,7 @@ from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, r
 from methods.base import Method, paper_limits, register
 from methods.baselines import reason_in_documents
 from methods.context import QuestionContext, StepOutcome
+from methods.guidance import ANSWER_CHARS, QUERY_CHARS
 from methods.parsing import last_tag
 from methods.prompts import demos, r1, react
 from methods.prompts import o1 as o1_prompts
@@ -35,11 +36,15 @@ def limits_text(env: EnvConfig) -> dict[str, int]:
 @register("seeds-react")
 @dataclass
 class SeedsReAct(Method):
+    # K=10 from SEEDS (§4, §A.3); 4 searches / 12 actions are our caps: the SEEDS text we have states none
+    # for SEEDS-ReAct, so --budget paper keeps them
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=12)
     action_tags = ("search", "expand", "answer")
     max_tokens: int = 256
     example: bool = True  # show one worked example of the format first
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
+    answer_chars: int = ANSWER_CHARS  # guided actions: an answer is one line of at most this many characters
+    query_chars: int = QUERY_CHARS  # guided actions: a query is one line of at most this many characters
 
     def fixed_env(self) -> dict:
         return dict(PREVIEW_PROTOCOL)
@@ -48,18 +53,24 @@ class SeedsReAct(Method):
         prompt = react.SEEDS_REACT.format(**limits_text(ctx.env.config), question=ctx.question)
         prompt = demos.with_example(prompt, demos.PREVIEW) if self.example else prompt
         await run_agent_turns(ctx, ChatTranscript(prompt), max_tokens=self.max_tokens,
-                              forced_answer_tokens=self.forced_answer_tokens)
+                              forced_answer_tokens=self.forced_answer_tokens, answer_chars=self.answer_chars,
+                              query_chars=self.query_chars)
 
 
 @register("seeds-o1")
 @dataclass
 class SeedsO1(Method):
+    # K=10 from SEEDS; 5 searches / 14 actions are our caps, not a paper's: --budget paper gives Search-o1's
+    # code's (SEEDS-o1 builds on it, SEEDS §F.1): 10 searches on multi-hop sets, 5 on NQ/TriviaQA, and its
+    # 15 turns plus one expand per search (methods.budgets.PAPER_LIMITS)
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=5, max_actions=14)
     action_tags = ("search", "expand", "answer")
     max_tokens: int = 512
     example: bool = True  # show one worked example of the format first
     reader_max_tokens: int = 256
     forced_answer_tokens: int = FORCED_ANSWER_MAX_TOKENS
+    answer_chars: int = ANSWER_CHARS  # guided actions: an answer is one line of at most this many characters
+    query_chars: int = QUERY_CHARS  # guided actions: a query is one line of at most this many characters
 
     def fixed_env(self) -> dict:
         return {**PREVIEW_PROTOCOL, "duplicate_query": "allow"}
@@ -81,7 +92,8 @@ class SeedsO1(Method):
                                              self.reader_max_tokens)
 
         await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, on_observation=admit_then_read,
-                              forced_answer_tokens=self.forced_answer_tokens)
+                              forced_answer_tokens=self.forced_answer_tokens, answer_chars=self.answer_chars,
+                              query_chars=self.query_chars)
 
 
 @register("seeds-r1")

@@ -43,6 +43,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from envs.metrics import COVER_EM_NORMALIZATIONS
 from envs.types import Hit
 from methods.base import Method, paper_limits, register, require_choice
 from methods.context import QuestionContext
@@ -158,10 +159,13 @@ class Seek(Method):
     judge_tokens: int = 8
     answer_tokens: int = 48
     select_tokens: int = SELECT_TOKENS  # admission="preview": each candidate-selection call
+    # Cover-EM as SEEK reports it (PAGER's code: punctuation to spaces); "squad" as for the other methods
+    cover_em_normalization: str = "seek"
 
     def __post_init__(self) -> None:
         require_choice("variant", self.variant, VARIANTS)
         require_choice("admission", self.admission, ADMISSIONS)
+        require_choice("cover_em_normalization", self.cover_em_normalization, tuple(COVER_EM_NORMALIZATIONS))
         for name in ("max_rounds", "max_slots"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -48,6 +48,51 @@ def test_action_regex_accepts_one_well_formed_action_only():
         action_regex(("think",))
 
 
+def test_actions_are_bounded_lines_and_a_turn_fits_its_budget():
+    regex = action_regex(("search", "answer"), answer_chars=10, query_chars=20)
+    assert fullmatch(regex, "<answer>" + "a" * 10 + "</answer>")
+    assert fullmatch(regex, "<search>" + "q" * 20 + "</search>")
+    for bad in ("<answer>" + "a" * 11 + "</answer>", "<search>" + "q" * 21 + "</search>",
+                "<answer>Paris\nand more</answer>", "<search>one\ntwo</search>"):
+        assert not fullmatch(regex, bad), bad  # one line, bounded
+    budget = action_regex(("search", "answer"), answer_chars=10, query_chars=20, max_tokens=60)
+    search_room = 60 - len("<search></search>") - 20
+    assert fullmatch(budget, "x" * search_room + "<search>" + "q" * 20 + "</search>")
+    assert not fullmatch(budget, "x" * (search_room + 1) + "<search>" + "q" * 20 + "</search>")
+    answer_room = 60 - len("<answer></answer>") - 10
+    assert fullmatch(budget, "x" * answer_room + "<answer>" + "a" * 10 + "</answer>")
+    assert not fullmatch(budget, "x" * (answer_room + 1) + "<answer>a</answer>")
+    numbered = action_regex(("expand",), candidates=10, max_expand=10, max_tokens=60)
+    assert fullmatch(numbered, "<expand>" + ", ".join(str(i) for i in range(1, 11)) + "</expand>")
+    with pytest.raises(ValueError, match="cannot hold"):
+        action_regex(("search", "answer"), max_tokens=40)  # a 120-character query cannot fit 40 tokens
+
+
+@pytest.fixture(scope="module")
+def long_backend():
+    pytest.importorskip("llguidance")
+    from inference.backends.hf import HFBackend
+
+    tokenizer = bpe_tokenizer(TEXT, 300, repeats=20)
+    return HFBackend(shared_tiny_llama(tokenizer, init=0.3, context=4096), tokenizer, max_batch_size=4)
+
+
+def test_guided_turns_close_their_action_within_the_budget(long_backend, retriever, examples):
+    """A model that never stops on its own (random weights), guided, with short turns: every turn
+    ends in its closed action, none runs out of tokens, answers are single bounded lines."""
+    method = methods.get("seeds-react", max_tokens=48, answer_chars=12, query_chars=16, example=False)
+    env = method.env_config({"max_actions": 6, "candidates_per_search": 3})
+    records = run_questions_sync(method, examples[:2], long_backend, retriever, env, guided_actions=True)
+    turns = [e for r in records for e in r["trace"] if e["type"] == "llm" and e["tag"] == "turn"]
+    assert turns and all(e["guided"] for e in turns)
+    assert all(e["finish_reason"] == "stop" and e["completion_tokens"] <= 48 for e in turns), [
+        (e["output"], e["finish_reason"], e["error"], e["completion_tokens"]) for e in turns]
+    assert all(not isinstance(parse_action(e["output"]), InvalidAction) for e in turns)
+    assert not any("never closed" in str(e) for r in records for e in r["trace"])
+    for record in records:
+        assert record["prediction"] is None or len(record["prediction"]) <= 12 and "\n" not in record["prediction"]
+
+
 def test_methods_declare_their_action_formats():
     assert methods.get("seeds-react").action_regex() == action_regex(SEEDS_TAGS)
     assert methods.get("react-dynk").action_regex() == action_regex(("search", "read", "answer"))
@@ -119,7 +164,7 @@ def test_runner_guides_agent_turns_with_the_actions_the_env_accepts(retriever, e
     forced = [e for e in record["trace"] if e["type"] == "llm" and e["tag"] == "forced_answer"]
     assert turns and forced and all(e["guided"] for e in turns) and not any(e["guided"] for e in forced)
     first, second = (r.regex for r in llm.requests[:2])
-    assert first == action_regex(("search", "answer"))  # nothing to expand yet
+    assert first == action_regex(("search", "answer"), max_tokens=256)  # nothing to expand yet, seeds-react's turn
     assert fullmatch(second, "Open two. <expand>1, 3</expand>") and fullmatch(second, "<expand>none</expand>")
     for refused in ("<search>again</search>", "<answer>Paris</answer>", "<expand>4</expand>"):
         assert not fullmatch(second, refused), refused  # a snapshot of 3 awaits its expand

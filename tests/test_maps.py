@@ -284,3 +284,17 @@ def test_tokens_of_every_call_are_counted():
     assert record["llm_prompt_tokens"] == sum(e["prompt_tokens"] for e in llm_events) > 0
     assert record["llm_completion_tokens"] == sum(e["completion_tokens"] for e in llm_events) > 0
     assert all(e["prompt_tokens"] > 0 for e in llm_events if e["tag"] == "sub_query")
+
+
+def test_preview_admission_reaches_the_papers_ten_iterations_by_default():
+    """8 calls an iteration with preview admission: the default cap of 64 stopped MAPS after 7 of
+    its 10 iterations; without a cap the method asks for room for all 10 and the answer."""
+    method = get("maps", admission="preview")
+    assert method.calls_per_iteration() == 8 and method.llm_call_cap() == 81
+    assert get("maps").llm_call_cap() == 64 and get("seeds-react").llm_call_cap() == 64  # the others keep 64
+    (record,), _, _ = run(Script(sufficient_after=None), admission="preview")
+    assert record["method_stats"]["stop"] == "max_iterations" and record["method_stats"]["iterations"] == 10
+    assert record["prediction"] == "Paris"
+    (capped,) = run_questions_sync(method, [QUESTION], FakeLLM(Script(sufficient_after=None)), OverlapRetriever(),
+                                   max_llm_calls=64)
+    assert capped["method_stats"]["stop"] == "llm_call_budget" and capped["method_stats"]["iterations"] == 7

@@ -7,6 +7,7 @@ from envs.metrics import (
     exact_match,
     f1_score,
     normalize_answer,
+    normalize_seek,
     substring_match,
 )
 
@@ -69,3 +70,15 @@ def test_answer_bearing_ignores_diacritics_and_word_fragments():
 def test_answer_scores_missing_prediction_is_zero():
     assert answer_scores(None, ["x"]) == {"em": 0.0, "f1": 0.0, "f1_hotpot": 0.0, "cover_em": 0.0, "acc": 0.0}
     assert answer_scores("x", ["x"])["em"] == 1.0
+
+
+def test_cover_em_seek_normalization_turns_punctuation_into_spaces():
+    assert normalize_seek("U.S.A. (The) 1,000-Dollar bill!") == "u s 1 000 dollar bill"  # a lone "a": an article
+    assert normalize_answer("U.S.A. (The) 1,000-Dollar bill!") == "usa 1000dollar bill"
+    assert cover_em("the Notre Dame cathedral", ["Notre-Dame"]) == 0.0  # squad: "notredame"
+    assert cover_em("the Notre Dame cathedral", ["Notre-Dame"], normalization="seek") == 1.0
+    assert cover_em("It is Notre-Dame.", ["notredame"]) == 1.0
+    assert cover_em("It is Notre-Dame.", ["notredame"], normalization="seek") == 0.0
+    assert cover_em("Paris, France!", ["Paris"], normalization="seek") == cover_em("Paris, France!", ["Paris"]) == 1.0
+    with pytest.raises(ValueError, match="normalization"):
+        cover_em("a", ["a"], normalization="lenient")

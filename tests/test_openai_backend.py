@@ -253,3 +253,29 @@ def test_hosted_api_gets_no_vllm_extensions():
     _, body = request_body("gpt", request, vllm_extensions=False)
     assert not {"top_k", "include_stop_str_in_output", "return_token_ids"} & body.keys()
     assert OpenAIBackend("gpt", base_url="https://api.openai.com/v1", api_key="k").vllm_extensions is False
+
+
+def test_named_tokenizer_counts_tokens_and_metrics_name_the_unit(tmp_path, retriever, examples):
+    """Without the served model's tokenizer the env counts words; with ``tokenizer`` (a local folder
+    here: nothing downloads) it counts that tokenizer's tokens, and metrics.json says which."""
+    from tiny_models import bpe_tokenizer
+
+    import methods
+    from inference.evaluate import count_unit
+    from methods.runner import run_questions_sync
+
+    bpe_tokenizer(["The capital of France is Paris."], 300).save_pretrained(tmp_path / "tok")
+    method = methods.get("vanilla-rag")
+    with FakeServer(lambda path, body, attempt: (200, chat_reply("Paris"), 0)) as server:
+        words, counted = backend(server), backend(server, tokenizer=str(tmp_path / "tok"))
+        assert words.count_tokenizer is None and counted.count_tokenizer is not None
+        assert counted.tokenizer is None  # counting only: prompts are still sent as text
+        (by_words,) = run_questions_sync(method, examples[:1], words, retriever)
+        (by_tokens,) = run_questions_sync(method, examples[:1], counted, retriever)
+    assert by_words["prediction"] == by_tokens["prediction"] == "Paris"
+    assert 0 < by_words["doc_tokens"] < by_tokens["doc_tokens"]  # a tiny BPE splits the passages finely
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        OpenAIBackend("m", tokenizer=str(tmp_path / "missing"))
+    assert count_unit({"llm": "openai:m", "llm_options": {}}) == "words"
+    assert count_unit({"llm": "openai:m", "llm_options": {"tokenizer": str(tmp_path / "tok")}}) == "tokens"
+    assert count_unit({"llm": "hf:smollm2-135m", "llm_options": {}}) == "tokens"

@@ -388,3 +388,22 @@ def test_options_are_validated():
     assert (config.admission, config.candidates_per_search, config.max_searches, config.max_actions) == (
         "preview", 3, 10, 21)
     assert Seek(variant="parallel_filling", max_slots=5).env_config().max_searches == 5
+
+
+def test_seek_scores_cover_em_with_its_papers_normalization():
+    """SEEK's Cover-EM turns punctuation into spaces (PAGER's code); the SQuAD one, which every other
+    method keeps, drops it: "Paris-France" is then one token the answer "Paris France" lacks."""
+    base = scripted()
+
+    def respond(prompt: str) -> str:
+        reply = base(prompt)
+        return "Paris France" if reply == "Paris" else reply
+
+    example = QAExample("q7", "What is the capital of France?", ("Paris-France",))
+    (record,), _, _ = run(respond, examples=(example,))
+    assert record["prediction"] == "Paris France" and record["metrics"]["cover_em"] == 1.0
+    assert record["metrics"]["em"] == 0.0  # the other metrics keep the SQuAD normalisation
+    (squad,), _, _ = run(respond, examples=(example,), cover_em_normalization="squad")
+    assert squad["metrics"]["cover_em"] == 0.0
+    with pytest.raises(ValueError, match="cover_em_normalization"):
+        methods.get("seek", cover_em_normalization="lenient")

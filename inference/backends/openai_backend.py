@@ -22,6 +22,11 @@ What comes back, field by field:
 
 ``base_url`` is the API root, with or without the trailing ``/v1``.
 
+Counting: the server's tokenizer is not here, so observation caps and document-token counts are in
+whitespace words unless ``tokenizer`` names the served model's tokenizer (a Hugging Face id or a
+local folder; ``--llm-option tokenizer=Qwen/QwQ-32B``), which then counts them in tokens
+(:attr:`count_tokenizer`). Prompts are sent as text either way; ``metrics.json`` says which unit.
+
 Thinking: ``thinking="on"|"off"`` sends ``chat_template_kwargs: {"enable_thinking": ...}`` with
 chat requests (vLLM and SGLang servers pass it to the chat template; ``"auto"``: nothing sent).
 A server that returns the thinking apart (a vLLM reasoning parser: ``reasoning_content`` or
@@ -149,6 +154,18 @@ def _error_message(response: Any) -> str:
     return f"HTTP {response.status_code}: {message}"
 
 
+def load_count_tokenizer(name: str) -> Any:
+    """The Hugging Face tokenizer ``name`` (a hub id, or a local folder), for counting tokens.
+    ``ValueError`` when it cannot be loaded (offline, only local folders and cached ids load)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"tokenizer {name!r} (the served model's tokenizer, for counting tokens) "
+                         f"cannot be loaded: {err}") from err
+
+
 class OpenAIBackend(LLMBackend):
     """Completions from an OpenAI-compatible server, many requests in flight at once."""
 
@@ -165,6 +182,7 @@ class OpenAIBackend(LLMBackend):
         backoff_s: float = 1.0,
         vllm_extensions: bool | None = None,
         thinking: str | bool | None = None,
+        tokenizer: str | None = None,
     ):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -178,9 +196,17 @@ class OpenAIBackend(LLMBackend):
         self.backoff_s = backoff_s
         self.vllm_extensions = "api.openai.com" not in self.base_url if vllm_extensions is None else vllm_extensions
         self.thinking = thinking_setting(thinking)  # sent as chat_template_kwargs (vLLM, SGLang servers)
+        # The served model's tokenizer (an HF id or a local folder), for counting only: prompts stay text.
+        self.tokenizer_name = tokenizer
+        self._count_tokenizer = load_count_tokenizer(tokenizer) if tokenizer else None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop that owns the client below
         self._client: Any = None
         self._semaphore: asyncio.Semaphore | None = None
+
+    @property
+    def count_tokenizer(self) -> Any:
+        """The ``tokenizer`` option's tokenizer (None without one: the env then counts words)."""
+        return self._count_tokenizer
 
     # ------------------------------------------------------------------ connection state
     def _new_client(self) -> Any:
