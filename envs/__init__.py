@@ -6,8 +6,3 @@ import gymnasium as _gym
 # gym.make("seeds_rl/Search-v0", retriever=..., dataset=..., config=...) builds a SearchEnv.
 if "seeds_rl/Search-v0" not in _gym.registry:
     _gym.register(id="seeds_rl/Search-v0", entry_point="envs.search_env:SearchEnv")
-
-# Old paths of the retrieval modules (envs.index, envs.server, ...) for one release: envs/_moved.py.
-from envs import _moved as _moved_modules
-
-_moved_modules.install()

@@ -37,6 +37,17 @@ def pooled_ratio(numerator: str, denominator: str) -> Statistic:
     return statistic
 
 
+def pooled_f1(hits: str, selected: str, relevant: str) -> Statistic:
+    """The pooled F1 of a selection, 2·Σhits / (Σselected + Σrelevant) over each resample (the harmonic
+    mean of pooled precision Σhits/Σselected and pooled recall Σhits/Σrelevant; 0 where both sums
+    are 0): (R, n) -> (R,)."""
+    def statistic(outcomes: Outcomes, rows: np.ndarray) -> np.ndarray:
+        below = outcomes[selected][rows].sum(axis=-1) + outcomes[relevant][rows].sum(axis=-1)
+        above = 2.0 * outcomes[hits][rows].sum(axis=-1)
+        return np.divide(above, below, out=np.zeros_like(above, dtype=np.float64), where=below > 0)
+    return statistic
+
+
 def resample_rows(n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
     """(resamples, n) question indices drawn with replacement."""
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))

@@ -18,10 +18,10 @@ DUPLICATE_QUERY_POLICIES = ("penalize", "allow")
 class EnvConfig:
     admission: str = "preview"  # "preview": snapshot then expand; "prefix": all K candidates at once
     candidates_per_search: int = 5  # K, the retriever's hits per search (YAML key `top_k` before: still read)
-    max_searches: int = 4
-    max_actions: int = 10
-    max_obs_tokens: int = 1200
-    max_expand: int = 5
+    max_searches: int = 4  # search actions at most per episode
+    max_actions: int = 10  # actions at most per episode (the episode is cut after this many)
+    max_obs_tokens: int = 1200  # token cap of each observation (passages are cut to fit)
+    max_expand: int = 5  # candidates at most opened by one expand action
     require_expand: bool = True  # preview mode: the action after a snapshot must be an expand
     duplicate_query: str = "penalize"  # a repeated (normalised) query: "penalize" = invalid, "allow"
     distractor_rate: float = 0.0  # rho: chance that each candidate is replaced by a random passage
@@ -35,8 +35,8 @@ class EnvConfig:
     # candidate judged in a short context of its own (envs.protocol.judge_alone_prompts), the episode's
     # stream then shows the snapshot and the expand those verdicts make
     judge_context: str = "stream"
-    preview: PreviewConfig = field(default_factory=PreviewConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    preview: PreviewConfig = field(default_factory=PreviewConfig)  # how each candidate's preview is cut
+    reward: RewardConfig = field(default_factory=RewardConfig)  # the episode reward's weights
 
     def __post_init__(self) -> None:
         if self.admission not in ADMISSION_MODES:

@@ -64,6 +64,11 @@ class EpisodeState:
     shown_rows: dict[int, bool] = field(default_factory=dict)  # row -> is positive
     # row -> the passage text as an observation first showed it (cut where the observation cap cut it)
     passage_text: dict[int, str] = field(default_factory=dict)
+    # pages read for this question (live web: fetched on opening, or at search time with
+    # previews=page; a page served by the run's cache counts too) and how many of them could not be
+    # read; None when the retriever reads no pages (a corpus)
+    pages_fetched: int | None = None
+    page_failures: int | None = None
     done: bool = False
 
     @property
@@ -144,4 +149,6 @@ class EpisodeState:
             "selection_precision": counts["positives_opened"] / opened if opened else 0.0,
             "reward": self.reward_breakdown(config),
             "searches": [s.to_dict() for s in self.searches],
+            **({} if self.pages_fetched is None
+               else {"pages_fetched": self.pages_fetched, "page_failures": self.page_failures or 0}),
         }

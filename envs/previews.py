@@ -26,9 +26,9 @@ STOPWORDS = frozenset(
 
 @dataclass(frozen=True)
 class PreviewConfig:
-    title_chars: int = 80
-    window_chars: int = 240
-    max_tokens: int = 60
+    title_chars: int = 80  # characters of the title kept in a preview
+    window_chars: int = 240  # characters of the passage window (the one with most query-term hits) shown
+    max_tokens: int = 60  # token cap of one preview
 
 
 def query_terms(query: str) -> frozenset[str]:

@@ -7,7 +7,10 @@ Input: end-of-episode summaries as the env writes them (``info["episode"]``, als
 of which it reads ``metrics``, ``reward`` (the env's ``{"total": …}`` or a number), ``answer``
 or ``prediction``, ``n_searches``, ``n_actions``, ``n_invalid``, ``docs_read``, ``doc_tokens``,
 ``docs_shown``, ``positives_shown``, ``positives_opened``, ``negatives_opened`` and
-``positives_missed``; a key an episode lacks (one that ended in an error) counts 0.
+``positives_missed``; a key an episode lacks (one that ended in an error) counts 0. Episodes over a
+retriever that reads pages (the live web) also have ``pages_fetched`` and ``page_failures``: when
+any episode has them, ``pages_fetched_per_question`` and ``page_failures_per_question`` are
+reported too (means over all episodes; docs/web_search.md).
 
 Formulas: every episode counts in every denominator (an episode that never answered scores 0).
 Per-question figures are means over episodes (``*_per_question``, answer metrics,
@@ -37,6 +40,8 @@ PER_QUESTION = {"n_searches": "searches_per_question", "n_actions": "actions_per
                 "doc_tokens": "doc_tokens_per_question", "positives_opened": "positives_opened_per_question",
                 "negatives_opened": "negatives_opened_per_question",
                 "positives_missed": "positives_missed_per_question"}
+# reported only when some episode has the key (a retriever that reads pages: the live web)
+PAGE_COUNTS = {"pages_fetched": "pages_fetched_per_question", "page_failures": "page_failures_per_question"}
 
 
 def episode_reward(summary: Mapping) -> float:
@@ -73,6 +78,9 @@ def summarize_episodes(summaries: Sequence[Mapping]) -> dict[str, float]:
     out["answered"] = sum(is_answered(s) for s in summaries) / n
     for key, name in PER_QUESTION.items():
         out[name] = total(key) / n
+    for key, name in PAGE_COUNTS.items():
+        if any(key in s for s in summaries):
+            out[name] = total(key) / n
     positives_shown = total("positives_shown")
     out["selection_precision"] = _ratio(total("positives_opened"), total("docs_read"))
     out["open_rate_positive"] = _ratio(total("positives_opened"), positives_shown)

@@ -13,7 +13,7 @@ from envs.types import Hit, QAExample
 @dataclass(frozen=True)
 class RewardConfig:
     answer_metric: str = "em"  # "em" or "f1"
-    answer_weight: float = 1.0
+    answer_weight: float = 1.0  # weight of the answer's EM (or F1) in the reward
     positive_opened_bonus: float = 0.1  # alpha: per positive passage opened
     negative_opened_penalty: float = 0.05  # beta: per negative passage opened
     missed_positive_penalty: float = 0.05  # gamma: per visible, unopened positive, only if the answer is wrong

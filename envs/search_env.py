@@ -1,4 +1,4 @@
-"""SearchEnv: a text-in, text-out ``gymnasium.Env`` for search agents (see DESIGN.md).
+"""SearchEnv: a text-in, text-out ``gymnasium.Env`` for search agents (see docs/environment.md).
 
 One step is one policy action. ``step`` is split into :meth:`SearchEnv.prepare` (parse and
 validate; says which query, if any, needs retrieval) and :meth:`SearchEnv.complete` (apply
@@ -7,6 +7,7 @@ many episodes into one call while running exactly this logic.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,13 +38,21 @@ from envs.protocol import (
 from envs.tokens import TokenCounter
 from envs.types import Hit, Passage, QAExample
 
+log = logging.getLogger(__name__)
 MAX_OBSERVATION_CHARS = 200_000
 MAX_ACTION_CHARS = 50_000
 TRUNCATION_MARK = "\n[truncated: observation limit reached]"
 
 
 class SearchBackend(Protocol):
-    """What the env needs from a retriever (``envs.retrieval.retriever.Retriever`` satisfies it)."""
+    """What the env needs from a retriever (``envs.retrieval.retriever.Retriever`` satisfies it).
+
+    A retriever that reads pages (the live web, :class:`envs.retrieval.web.WebRetriever`) also has
+    ``open_pages(hits) -> list[opened | None]``: the text of each candidate being opened (an object
+    with ``text``, ``page``: a page was read for it, ``error``: why it could not be; None: the hit's
+    own text is whole), and ``pages_fetched_by_search(query, k) -> int``: the pages a search read
+    itself. The env counts both per episode (``pages_fetched``, ``page_failures`` in its summary).
+    """
 
     corpus: Any  # len(corpus) and corpus[row] -> Passage, for distractor injection
 
@@ -103,6 +112,8 @@ class SearchEnv(gym.Env):
         if not isinstance(example, QAExample):
             raise TypeError(f"options['example'] must be a QAExample, not {type(example).__name__}")
         self.episode = EpisodeState(example)
+        if self._reads_pages:
+            self.episode.pages_fetched, self.episode.page_failures = 0, 0
         return example.question, {"example_id": example.id, "question": example.question}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
@@ -207,11 +218,18 @@ class SearchEnv(gym.Env):
                     f"(for example <expand>{' '.join(f'[{i}] no' for i in range(1, m + 1))}</expand>)")
         return None
 
+    @property
+    def _reads_pages(self) -> bool:
+        return callable(getattr(self.retriever, "open_pages", None))
+
     def _search(self, episode: EpisodeState, query: str, hits: list[Hit]) -> str:
         cfg = self.config
         hits, distractor = self._inject_distractors(hits)
         hits, distractor = self._shuffle(hits, distractor)
         record = episode.add_search(query, hits, distractor)
+        counted = getattr(self.retriever, "pages_fetched_by_search", None)
+        if episode.pages_fetched is not None and callable(counted):
+            episode.pages_fetched += counted(query, cfg.candidates_per_search)
         if cfg.admission == "prefix":
             return self._information(record, range(1, len(hits) + 1))
         if not hits:
@@ -240,13 +258,15 @@ class SearchEnv(gym.Env):
         (cut where the cap cut it; for a passage read earlier, the text it was shown with then), so
         a method that hands passages to a reader hands what the env counted in ``doc_tokens``."""
         parts, text_spans, start = [], {}, 0
+        fresh = [number for number in numbers if self.episode.open(record, number)]
+        texts = dict(zip(fresh, self._opened_texts([record.hits[number - 1] for number in fresh])))
         for number in numbers:
             hit = record.hits[number - 1]
-            fresh = self.episode.open(record, number)
-            part = (format_passage(number, hit.title, hit.text) if fresh
+            text = texts.pop(number, None)  # a number given twice is read once
+            part = (format_passage(number, hit.title, text) if text is not None
                     else f"[{number}] {hit.title}: already read above.")
-            if fresh:
-                text_spans[number] = (start + len(part) - len(hit.text), start + len(part))
+            if text is not None:
+                text_spans[number] = (start + len(part) - len(text), start + len(part))
             parts.append(part)
             start += len(part) + 2  # the "\n\n" between passages
         full = "\n\n".join(parts) if parts else "No results."
@@ -260,6 +280,32 @@ class SearchEnv(gym.Env):
             record.shown[number] = self.episode.passage_text.get(row, "")
         record.doc_tokens += self.counter.count(body)
         return format_information(body + TRUNCATION_MARK if cut else body)
+
+    def _opened_texts(self, hits: list[Hit]) -> list[str]:
+        """The text each opened candidate shows: its own, or what the retriever reads for it (a live
+        web page, fetched now; :class:`SearchBackend`), counting the pages read and those that failed."""
+        if not hits or not self._reads_pages:
+            return [hit.text for hit in hits]
+        episode = self._require_episode()
+        texts = []
+        for hit, opened in zip(hits, self.retriever.open_pages(hits)):
+            if opened is None:
+                texts.append(hit.text)
+                continue
+            episode.pages_fetched = (episode.pages_fetched or 0) + int(opened.page)
+            episode.page_failures = (episode.page_failures or 0) + int(opened.error is not None)
+            texts.append(opened.text)
+        return texts
+
+    def opening(self, pending: PendingStep, hits: list[Hit] | None = None) -> list[Hit]:
+        """The candidates a prepared step will open, for a batched read of their pages
+        (:func:`prefetch_opened_pages`): an expand's, or with prefix admission a search's ``hits``
+        (unless distractors may replace some of them); ``[]`` for any other step."""
+        latest = self.episode.latest if self.episode is not None else None
+        if isinstance(pending.action, ExpandAction) and latest is not None:
+            return [latest.hits[number - 1] for number in pending.action.ids]
+        prefix = self.config.admission == "prefix" and self.config.distractor_rate <= 0
+        return list(hits or []) if prefix and isinstance(pending.action, SearchAction) else []
 
     def _capped(self, body: str) -> str:
         """``body`` cut so that it and the truncation mark fit the observation token limit."""
@@ -321,6 +367,25 @@ class SearchEnv(gym.Env):
         if self.episode is None:
             raise RuntimeError("no episode: call reset() first")
         return self.episode
+
+
+def prefetch_opened_pages(retriever: SearchBackend,
+                          steps: Sequence[tuple[SearchEnv, PendingStep | None, list[Hit] | None]]) -> None:
+    """Before a batch of prepared steps (each with its retrieved hits, if any) completes: a retriever
+    that reads a page when its candidate is opened (the live web's snippet previews,
+    ``prefetch_pages``) reads the pages the batch opens (:meth:`SearchEnv.opening`), across episodes,
+    in one parallel call; each step then finds them ready and counts them itself. Nothing happens
+    for any other retriever. A failure here is only logged: each step's own read meets it again and
+    its episode records it."""
+    prefetch = getattr(retriever, "prefetch_pages", None)
+    if not callable(prefetch):
+        return
+    hits = [hit for env, step, found in steps if step is not None for hit in env.opening(step, found)]
+    if hits:
+        try:
+            prefetch(hits)
+        except Exception as err:  # noqa: BLE001 (the steps' own reads report it)
+            log.warning("page prefetch failed: %s: %s", type(err).__name__, err)
 
 
 def _action_kind(action: Action) -> str:

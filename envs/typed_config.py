@@ -8,11 +8,25 @@ Dataclass defaults, then the YAML recipe given by ``--config``, then ``--key val
 ``null``). A bare ``--flag`` sets a boolean field to true. Unknown keys raise :class:`ConfigError`
 (a ``ValueError``). A recipe may start from another (``base: default.yaml``, relative to its
 folder) and state only what differs. Used by every config of the project: ``EnvConfig``,
-``PPOConfig``, ``WarmStartConfig`` and the evaluation CLI's ``--config``.
+``PPOConfig``, ``WarmStartConfig``, the evaluation CLI's ``--config`` and its ``--env.<key>``.
+
+Each field's documentation is the ``# ...`` comment beside it in its dataclass (or the comment lines
+directly above it): :func:`field_docs` reads them from the source, :func:`config_help` prints every
+field, nested sections included, as ``--section.field  type = default`` and that doc (``--help``).
+A ``dict`` field that holds overrides of another config names it in its metadata,
+``field(default_factory=dict, metadata={OVERRIDES: EnvConfig})`` (or ``"module:Class"``), and its
+keys are documented as that config's fields (``--env.max_actions``).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import importlib
+import inspect
+import io
+import textwrap
+import tokenize
 import types
 import typing
 from pathlib import Path
@@ -156,12 +170,129 @@ def read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merge_values(read_recipe(path.parent / str(base), seen + (path.resolve(),)), values)
 
 
-def help_text(cls: type) -> str:
-    lines = [f"options of {cls.__name__} (--key value; nested with dots):"]
-    for f in dataclasses.fields(cls):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        lines.append(f"  --{f.name} (default {default!r})")
+OVERRIDES = "overrides"  # field metadata key: the config class a dict field's keys override
+SECTION_HEADING = "----"  # a ``# ---- model`` comment heads a group of fields and documents none
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: doc}`` for dataclass ``cls``: the comment at the end of the field's first line,
+    else the block of comment lines directly above it (section headings ``# ---- x`` left out),
+    joined into one line. Fields without either are missing from the result."""
+    return dict(_field_docs(cls))
+
+
+@functools.cache
+def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source file (a frozen or compiled-only install): no docs, no failure
+        return ()
+    comments = {tok.start[0]: (tok.string.lstrip("#").strip(), tok.line[:tok.start[1]].strip() == "")
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    body = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)).body
+    names = {f.name for f in dataclasses.fields(cls)}
+    docs = []
+    for node in body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id in names):
+            continue
+        text, alone = comments.get(node.lineno, ("", True))
+        if not text or alone:
+            above, line = [], node.lineno - 1
+            while line in comments and comments[line][1]:
+                if not comments[line][0].startswith(SECTION_HEADING):
+                    above.insert(0, comments[line][0])
+                line -= 1
+            text = " ".join(above)
+        if text:
+            docs.append((node.target.id, text))
+    return tuple(docs)
+
+
+def _type_name(spec: dataclasses.Field) -> str:
+    hint = spec.type
+    return hint if isinstance(hint, str) else getattr(hint, "__name__", str(hint))
+
+
+def _overridden(spec: dataclasses.Field) -> type | None:
+    """The config class whose fields a dict field's keys override (its ``OVERRIDES`` metadata)."""
+    target = spec.metadata.get(OVERRIDES)
+    if isinstance(target, str):
+        module, _, name = target.partition(":")
+        target = getattr(importlib.import_module(module), name)
+    return target
+
+
+def config_help(cls: type, prefix: str = "", instance: Any = None, _shown: dict | None = None) -> str:
+    """Every field of ``cls`` (of ``instance`` for its defaults, e.g. a section's own default) as
+    ``--<prefix><field>  type = default`` and its doc on the next line, nested sections and the
+    configs that dict fields override (:data:`OVERRIDES`) recursively. A config listed under one
+    field is referred to, not listed again, under another (``--sft.env``: as under ``--env.``)."""
+    docs = field_docs(cls)
+    shown = dict(_shown or {})
+    for spec in dataclasses.fields(cls):  # this level's override sections are listed here, not deeper
+        target = _overridden(spec)
+        if target is not None:
+            shown.setdefault(target, f"{prefix}{spec.name}")
+    lines = []
+    for spec in dataclasses.fields(cls):
+        default = getattr(instance, spec.name) if instance is not None else _field_default(cls, spec.name)
+        name = f"{prefix}{spec.name}"
+        if dataclasses.is_dataclass(default):
+            lines.append(f"  --{name}.*  section: {docs.get(spec.name, '(undocumented)')}")
+            lines.append(config_help(type(default), f"{name}.", default, shown))
+            continue
+        lines.append(f"  --{name}  {_type_name(spec)} = {default!r}")
+        lines.append(textwrap.fill(docs.get(spec.name, "(undocumented)"), width=110, initial_indent=" " * 6,
+                                   subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False))
+        target = _overridden(spec)
+        if target is not None and shown.get(target) != name:
+            lines.append(f"      (keys: the fields of {target.__name__}, as under --{shown[target]}.)")
+        elif target is not None:
+            lines.append(f"  --{name}.*  the fields of {target.__name__} (defaults: {target.__name__}'s own)")
+            lines.append(config_help(target, f"{name}.", None, shown))
     return "\n".join(lines)
+
+
+def help_text(cls: type) -> str:
+    """``--help`` of a config: every field (:func:`config_help`)."""
+    return (f"options of {cls.__name__} (--key value or --key=value; nested with dots; values are YAML scalars; "
+            f"--config recipe.yaml first):\n{config_help(cls)}")
+
+
+def section_pairs(argv: list[str], section: str) -> list[str]:
+    """``argv`` with each ``--<section>.key value`` (or ``--<section>.key=value``, or a bare boolean
+    ``--<section>.key``) written as ``--<section> key=value`` (a bare flag: ``key=true``), in place,
+    for a command line that argparse reads (evaluation's ``--env.max_actions 6`` is its
+    ``--env max_actions=6``). The value is the next argument unless it starts with ``--``, as in
+    :func:`parse_overrides`; :func:`section_values` reads the pairs."""
+    out, i, lead = [], 0, f"--{section}."
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith(lead):
+            out.append(arg)
+            continue
+        key, eq, text = arg[len(lead):].partition("=")
+        if not key:
+            raise ConfigError(f"expected {lead}key value, got {arg!r}")
+        if not eq:
+            if i < len(argv) and not argv[i].startswith("--"):
+                text, i = argv[i], i + 1
+            else:
+                text = "true"  # a bare flag
+        out += [f"--{section}", f"{key}={text}"]
+    return out
+
+
+def section_values(pairs: list[str] | None, section: str) -> dict[str, Any]:
+    """``["max_actions=6", "reward.format_penalty=0.2"]`` -> ``{"max_actions": 6, "reward":
+    {"format_penalty": 0.2}}``: each pair read as ``--<section>.key=value`` by :func:`parse_overrides`
+    (YAML scalar values, ``-`` in keys read as ``_``), later pairs over earlier ones."""
+    bad = [pair for pair in pairs or [] if "=" not in pair or not pair.partition("=")[0]]
+    if bad:
+        raise ConfigError(f"--{section} expects key=value, got {bad[0]!r}")
+    _, values = parse_overrides([f"--{section}.{pair}" for pair in pairs or []])
+    return values.get(section, {})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

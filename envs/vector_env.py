@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from envs.config import EnvConfig
-from envs.search_env import SearchBackend, SearchEnv
+from envs.search_env import SearchBackend, SearchEnv, prefetch_opened_pages
 from envs.types import QAExample
 
 
@@ -69,6 +69,8 @@ class SearchVectorEnv:
             results = self.retriever.search([q for _, q in queries], self.config.candidates_per_search)
             self.retrieval_calls += 1
             hits = {i: r for (i, _), r in zip(queries, results)}
+        prefetch_opened_pages(self.retriever, [(env, step, hits.get(i))
+                                               for i, (env, step) in enumerate(zip(self.envs, pending))])
         observations, infos = [], []
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=bool)

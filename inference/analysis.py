@@ -13,7 +13,10 @@ Per run (= per method), from its ``predictions.jsonl``:
 4. search momentum (MAPS §2, A.1): fitted beta_2..beta_4 and held-out alignment S_2..S_5;
 5. with ``--vs``: scores on the questions the vanilla LLM got right (knowledge conflict) and
    wrong (knowledge utilisation) (SEEK §5.4, Table 3);
-6. reached-step distribution (SEEK slots, KAIR steps, MAPS iterations; else rounds) and latency.
+6. reached-step distribution (SEEK slots, KAIR steps, MAPS iterations; else rounds) and latency;
+7. the matched-prefix hit-rate gain (SEEDS §4.3): the admitted passages' answer-bearing hit rate
+   minus that of the same number of top-ranked candidates of the same search, with a paired
+   bootstrap 95% interval (:func:`inference.paper_metrics.matched_prefix_gain`).
 
 Embeddings come from the run's index encoder (``"index": "default"`` -> MiniLM, an index folder
 -> its ``meta.json`` encoder) unless ``--encoder`` names one (``hash`` needs no model).
@@ -38,6 +41,7 @@ from envs.retrieval.encoders import load_encoder
 from envs.retrieval.index import read_meta
 from inference import analysis_metrics as am
 from inference.analysis_momentum import momentum_analysis
+from inference.paper_metrics import matched_prefix_gain
 from inference.predictions import PredictionsFileError, load_predictions
 
 Embed = am.Embed
@@ -121,6 +125,7 @@ def analyse_records(records: Sequence, embed: Embed, method: str = "", vs_record
     out["momentum"] = momentum_analysis(am.momentum_trajectories(good, embed), fit_fraction, seed)
     out["steps"] = am.step_distribution(good, method)
     out["latency"] = am.latency_summary(good)
+    out["matched_prefix"] = matched_prefix_gain(good)  # SEEDS §4.3: admission vs a prefix of the same size
     if vs_records is not None:
         out["conflict"] = am.conflict_split(good, vs_records, split_metric, split_threshold)
     return out
@@ -160,7 +165,7 @@ def format_rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def summary_table(results: dict[str, dict]) -> str:
     header = ["run", "N", "skipped", "QuerySim", "nSim", "Jaccard", "MaxR@5", "MaxR@5(all)",
-              "Steps", "Lat-mean", "Lat-p50", "Lat-p90", "Lat-max"]
+              "Steps", "AB-gain", "Lat-mean", "Lat-p50", "Lat-p90", "Lat-max"]
     rows = []
     for name, r in results.items():
         lat = r["latency"]
@@ -168,6 +173,7 @@ def summary_table(results: dict[str, dict]) -> str:
                      _fmt(r["diversity"]["mean_similarity"]), str(r["diversity"]["n_questions"]),
                      _fmt(r["redundancy"]["mean_jaccard"]), _fmt(r["recall"]["mean_max_recall"]),
                      _fmt(r["recall"]["mean_max_recall_all"]), _fmt(r["steps"]["mean"], "{:.2f}"),
+                     _fmt(r.get("matched_prefix", {}).get("matched_prefix_hit_rate_gain"), "{:+.3f}"),
                      _fmt(lat["mean"], "{:.2f}"), _fmt(lat["median"], "{:.2f}"), _fmt(lat["p90"], "{:.2f}"),
                      _fmt(lat["max"], "{:.2f}")])
     return format_rows(header, rows)

@@ -10,7 +10,10 @@ Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: q
 generated from the Wikipedia-summaries corpus, SmolLM2-135M-Instruct (hf backend) and the default
 MiniLM index (built on first use). Agent turns are guided to the method's action format on the hf
 and vllm backends unless ``--no-guided-actions``. Predictions are appended to ``<out>/predictions.jsonl`` as they
-finish, so a killed run resumes where it stopped; ``metrics.json`` and ``config.json`` sit beside.
+finish, so a killed run resumes where it stopped; ``metrics.json`` and ``config.json`` sit beside, and
+``config.yaml``, the same settings in the form training writes (old run folders with ``config.json``
+alone still resume, merge and compare). Env settings are ``--env.<field> value`` as in training
+(``--env.max_actions 6``, ``--env.reward.positive_opened_bonus 0.2``) or ``--env field=value``.
 Under a launcher (or with ``--shard i/n``) each process runs its shard of the questions into the
 same folder (:mod:`inference.shards`).
 """
@@ -24,14 +27,16 @@ import random
 import sys
 from pathlib import Path
 
+import yaml
 from tqdm import tqdm
 
 import methods
-from envs.atomic import write_json_atomic
+from envs.atomic import write_json_atomic, write_text_atomic
+from envs.config import EnvConfig
 from envs.data import load_questions
 from envs.question_match import QuestionMismatchError, check_same_questions, question_digest, record_digests
 from envs.retrieval.defaults import open_run_retriever
-from envs.typed_config import ConfigError, read_recipe
+from envs.typed_config import ConfigError, config_help, read_recipe, section_pairs
 from inference.backends import load_backend
 from inference.backends.chat import THINKING_MODES
 from inference.compare import CompareError, compare_runs, format_comparison
@@ -60,11 +65,14 @@ from methods.budgets import PRESETS
 from methods.runner import run_questions_sync
 
 DEFAULT_QUESTIONS = 100
+ENV_HELP_HEAD = ("env settings (--env.KEY VALUE, as in training, or --env KEY=VALUE), over the method's paper "
+                 "limits and --env-config;\ndefaults are EnvConfig's own (a method sets its limits over them):\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m inference.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=ENV_HELP_HEAD
+                                     + config_help(EnvConfig, prefix="env."))
     parser.add_argument("--config", help="YAML file of these options (command-line flags override it)")
     parser.add_argument("--method", help="a registered method: " + ", ".join(_methods()))
     parser.add_argument("--method-option", action="append", metavar="KEY=VALUE", help="e.g. k=3 (repeatable)")
@@ -100,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env-config", help="YAML env recipe over the method's paper limits (see --env)")
     parser.add_argument("--env", action="append", metavar="KEY=VALUE",
                         help="an env setting over the method's paper limits and --env-config, e.g. "
-                             "candidates_per_search=3, max_obs_tokens=2400, preview.max_tokens=40 (repeatable)")
-    parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json)")
+                             "candidates_per_search=3, max_obs_tokens=2400, preview.max_tokens=40 (repeatable); "
+                             "or, as in training, --env.KEY VALUE: --env.max_obs_tokens 2400 (every key below)")
+    parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json, config.yaml)")
     parser.add_argument("--guided-actions", action=argparse.BooleanOptionalAction, default=None,
                         help="constrain each agent turn to free text then one well-formed action of the method's "
                              "format (grammar-guided decoding); default: on for methods with an action format on "
@@ -132,6 +141,10 @@ def _methods() -> list[str]:
 def resolve_args(argv: list[str] | None) -> argparse.Namespace:
     """Command line over ``--config`` YAML over defaults (the TRL recipe convention)."""
     parser = build_parser()
+    try:  # training's --env.max_actions 6 is --env max_actions=6 here: one list, read by one reader
+        argv = section_pairs(list(sys.argv[1:] if argv is None else argv), "env")
+    except ConfigError as err:
+        parser.error(str(err))
     args = parser.parse_args(argv)
     if args.config:
         try:
@@ -227,11 +240,13 @@ def load_retriever(args: argparse.Namespace):
 
 
 def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
-    """Create or reopen ``out``; returns the predictions already there (to skip)."""
+    """Create or reopen ``out``; returns the predictions already there (to skip). The run's config
+    is checked against ``config.json`` (which old run folders hold alone) and written to it and to
+    ``config.yaml`` (:func:`write_run_config`)."""
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.json"
     if overwrite:
-        for name in ("predictions.jsonl", "metrics.json", "config.json"):
+        for name in ("predictions.jsonl", "metrics.json", "config.json", "config.yaml"):
             (out / name).unlink(missing_ok=True)
         clear_shards(out)
     elif config_path.exists():
@@ -241,8 +256,16 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
             changed = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
             raise SystemExit(f"{out} holds a run with a different configuration ({', '.join(changed)}); "
                              f"use another --out or --overwrite")
-    write_json_atomic(config, config_path)
+    write_run_config(config, out)
     return load_predictions(out / "predictions.jsonl")
+
+
+def write_run_config(config: dict, out: Path) -> None:
+    """``config.json`` (what a resumed run is checked against, what the readers of run folders read)
+    and ``config.yaml``, the same settings as training writes its resolved config."""
+    write_json_atomic(config, out / "config.json")
+    plain = json.loads(json.dumps(config))  # tuples as lists: safe YAML
+    write_text_atomic(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True), out / "config.yaml")
 
 
 def evaluate(args: argparse.Namespace) -> dict | None:

@@ -2,7 +2,8 @@
 
 Every question counts in every denominator (unanswered and failed questions score 0), so
 methods are compared on the same questions. Beside these strict figures, ``answered_only``
-holds the paper-style ones over answered questions (:func:`answered_only`).
+holds the paper-style ones over answered questions (:func:`answered_only`) and, for KAIR, those
+over the questions KAIR's code would keep (``kair_own_denominator``; :mod:`inference.paper_metrics`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 from collections import Counter
 
 from envs.report import is_answered, summarize_episodes
+from inference.paper_metrics import is_kair_record, kair_own_denominator, matched_prefix_gain
 
 # (key in metrics.json, a.b for a nested one; column title; format) for the printed summary and --compare
 SUMMARY_COLUMNS = (
@@ -20,7 +22,9 @@ SUMMARY_COLUMNS = (
     ("searches_per_question", "Searches/q", "{:.2f}"),
     ("docs_read_per_question", "Docs/q", "{:.2f}"),
     ("doc_tokens_per_question", "DocTok/q", "{:.0f}"),
+    ("pages_fetched_per_question", "Pages/q", "{:.2f}"),
     ("answer_bearing_hit_rate", "AB-hit", "{:.3f}"),
+    ("matched_prefix_hit_rate_gain", "AB-gain", "{:+.3f}"),
     ("beyond_prefix_fraction", "Beyond-prefix", "{:.3f}"),
     ("prefix_departure_rate", "Prefix-dep", "{:.3f}"),
     ("distractor_admission_rate", "Distr-adm", "{:.3f}"),
@@ -125,7 +129,9 @@ def thinking_cut_offs(records: list[dict]) -> dict[str, int]:
 def summarize(records: list[dict]) -> dict:
     """The ``metrics.json`` of a run: :func:`envs.report.summarize_episodes` of its records (the
     names and pooled formulas every consumer uses) plus the LLM's cost, latency, thinking cut-offs,
-    the SEEDS admission analyses and the finish reasons."""
+    the SEEDS admission analyses with the matched-prefix hit-rate gain
+    (:func:`inference.paper_metrics.matched_prefix_gain`), the finish reasons and, for KAIR, its
+    code's own denominator (``kair_own_denominator``: :func:`inference.paper_metrics.kair_own_denominator`)."""
     out: dict = {"questions": len(records)}
     if not records:
         return out
@@ -137,7 +143,10 @@ def summarize(records: list[dict]) -> dict:
     out["mean_latency_s"] = _mean([r["latency_s"] for r in records])
     out.update(thinking_cut_offs(records))
     out.update(admission_stats(records))
+    out.update(matched_prefix_gain(records))
     out["answered_only"] = answered_only(records)
+    if any(is_kair_record(r) for r in records):
+        out["kair_own_denominator"] = kair_own_denominator(records)
     out["finish_reasons"] = dict(Counter(r["finish_reason"] for r in records).most_common())
     return out
 

@@ -14,7 +14,7 @@ import yaml
 
 import methods
 from envs.config import EnvConfig
-from envs.typed_config import ConfigError, merge_values, read_recipe
+from envs.typed_config import ConfigError, merge_values, read_recipe, section_values
 from inference.backends.chat import THINKING_MODES, thinking_setting
 from methods.base import split_env_limits
 from methods.budgets import GREEDY_OPTIONS, budget_options, paper_env_limits
@@ -36,18 +36,6 @@ def parse_options(pairs: list[str] | None, flag: str) -> dict[str, Any]:
             raise SystemExit(f"{flag} expects key=value, got {pair!r}")
         options[key.replace("-", "_")] = _value(value)
     return options
-
-
-def nest_dotted(options: dict[str, Any]) -> dict[str, Any]:
-    """``{"preview.max_tokens": 40}`` -> ``{"preview": {"max_tokens": 40}}``."""
-    nested: dict[str, Any] = {}
-    for key, value in options.items():
-        *sections, name = key.split(".")
-        target = nested
-        for section in sections:
-            target = target.setdefault(section, {})
-        target[name] = value
-    return nested
 
 
 def build_method(args: argparse.Namespace):
@@ -82,7 +70,9 @@ def limits_dataset(args: argparse.Namespace) -> str | None:
 def build_env(args: argparse.Namespace, method) -> EnvConfig:
     """The run's env: the method's paper limits, then under ``--budget paper`` its source's caps for
     the dataset (:func:`methods.budgets.paper_env_limits`, by :func:`limits_dataset`), then
-    ``--env-config``, then old limit options (``--method-option k=3``), then ``--env``; the method's
+    ``--env-config``, then old limit options (``--method-option k=3``), then ``--env`` (``key=value``
+    pairs, ``--env.key value`` written as such by :func:`envs.typed_config.section_pairs`, read by
+    :func:`envs.typed_config.section_values`, training's reader of ``--env.key``); the method's
     protocol settings last (:meth:`methods.base.Method.env_config`). A contradiction or a bad key
     exits with the reason."""
     try:
@@ -91,7 +81,7 @@ def build_env(args: argparse.Namespace, method) -> EnvConfig:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # build_method already warned
             _, old_limits = split_env_limits(args.method, parse_options(args.method_option, "--method-option"))
-        overrides = merge_values(merge_values(recipe, old_limits), nest_dotted(parse_options(args.env, "--env")))
+        overrides = merge_values(merge_values(recipe, old_limits), section_values(args.env, "env"))
         return method.env_config(overrides)
     except (ConfigError, FileNotFoundError, ValueError, TypeError) as err:
         raise SystemExit(f"env: {err}") from err
@@ -113,7 +103,7 @@ def resolve_guided_actions(args: argparse.Namespace, method) -> bool:
 def backend_options(args: argparse.Namespace, llm_options: dict) -> dict:
     """``--llm-option`` values, plus ``--thinking`` (set in one place only), plus for the hf backend
     a prefix cache of one row per question in flight (``prefix_cache``; it changes speed, not
-    results, so it is not in ``config.json``)."""
+    results, so it is not in ``config.json`` / ``config.yaml``)."""
     options = dict(llm_options)
     if (args.llm or DEFAULT_LLM).partition(":")[0] == "hf":
         options = {"prefix_cache": max(1, args.concurrency), **options}

@@ -7,7 +7,7 @@ with ``<``, ``>`` and ``&`` written as JSON escapes, so no model output can clos
 are inline, and the script renders every piece of data as text, never as HTML. The question
 table renders only the rows in view, so runs of thousands of questions stay responsive.
 
-What it shows is in the README ("Viewing runs"). Records written before a field existed show
+What it shows is in docs/evaluation.md ("Viewing runs"). Records written before a field existed show
 what they have: a turn without a search record shows its action and observation only.
 """
 from __future__ import annotations

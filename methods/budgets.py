@@ -8,7 +8,7 @@ The budgets stay the methods' own options (``max_tokens``, ``reader_max_tokens``
   270M, SmolLM2): short per-call caps that stop a rambling small model early.
 - ``paper``: the settings the papers (or their public code) state, where they state one; where
   they are silent the ``thinking`` value, since SEEDS, SEEK and MAPS ran reasoning models
-  (QwQ-32B, Qwen3-32B). Sources per value: README, "Budgets and thinking models".
+  (QwQ-32B, Qwen3-32B). Sources per value: docs/methods.md, "Budgets and thinking models".
 - ``thinking``: room for a reasoning model to think before it writes its tags: a few thousand
   tokens for short decisions (select, judge, answer), 8,192 for agent turns, readers and steps.
   Sized against a 32k context (QwQ-32B, Qwen3-32B: 32,768 native).
@@ -17,7 +17,8 @@ The trained protocols (``search-r1``, ``seeds-r1``) keep their per-turn budget i
 but ``paper``: a checkpoint is evaluated as it was trained.
 
 A preset also sets each method's decoding (``temperature``, ``top_p``, ``top_k``: :data:`SAMPLING`)
-and, under ``paper``, the search caps of the method's source per dataset (:func:`paper_env_limits`).
+and, under ``paper``, the search caps of the method's source per dataset (:func:`paper_env_limits`)
+and its other settings: caps, prompt forms and worked examples (:data:`PAPER_OPTIONS`).
 Without a preset every method decodes greedily with its ``paper_env`` caps, as before.
 """
 from __future__ import annotations
@@ -46,6 +47,8 @@ BUDGET_FIELDS: dict[str, tuple[str, ...]] = {
              "update_tokens"),
     "kair": ("step_tokens", "repair_tokens", "answer_tokens", "select_tokens"),
     "maps": ("plan_tokens", "query_tokens", "refine_tokens", "judge_tokens", "answer_tokens", "select_tokens"),
+    "main-rag": ("predict_tokens", "judge_tokens", "answer_tokens"),
+    "deepnote": ("note_tokens", "query_tokens", "compare_tokens", "answer_tokens"),
 }
 
 TURN = 8192  # an agent turn, a reader call, a KAIR step, a SEEK/MAPS sketch, plan or refinement
@@ -68,16 +71,20 @@ THINKING: dict[str, dict[str, int]] = {
     "kair": {"step_tokens": TURN, "repair_tokens": TURN, "answer_tokens": SHORT, "select_tokens": SHORT},
     "maps": {"plan_tokens": TURN, "query_tokens": SHORT, "refine_tokens": TURN, "judge_tokens": SHORT,
              "answer_tokens": SHORT, "select_tokens": SHORT},
+    "main-rag": {"predict_tokens": SHORT, "judge_tokens": SHORT, "answer_tokens": SHORT},
+    "deepnote": {"note_tokens": TURN, "query_tokens": SHORT, "compare_tokens": SHORT, "answer_tokens": SHORT},
 }
 
-# What the papers or their public code state (README table: the source of each value); the rest
+# What the papers or their public code state (docs/methods.md table: the source of each value); the rest
 # is THINKING's. SEEK's code caps the page-filling calls at 32,768 (sub-query and fill) within a
 # 40,900-token window, the outline at 4,096 and the answer at 1,024; KAIR's code gives every call
-# 768 (max_model_len 8,192); Search-R1's max_response_length is 500 per turn.
+# 768 (max_model_len 8,192); Search-R1's max_response_length is 500 per turn; DeepNote's code
+# (src/main.py) gives every call 1,280. MAIN-RAG states none that we have (its THINKING values).
 PAPER_STATED: dict[str, dict[str, int]] = {
     "seek": {"sketch_tokens": 4096, "query_tokens": 32768, "refine_tokens": 32768, "answer_tokens": 1024},
     "kair": {"step_tokens": 768, "repair_tokens": 768, "answer_tokens": 768},
     "search-r1": {"max_tokens": 500},
+    "deepnote": {"note_tokens": 1280, "query_tokens": 1280, "compare_tokens": 1280, "answer_tokens": 1280},
 }
 
 
@@ -87,6 +94,7 @@ SEARCH_O1_CODE = (0.7, 0.8, 20)  # Search-o1's run_search_o1.py: reasoner and Re
 #                                  repetition_penalty 1.05 for QwQ has no option here: a named deviation)
 PAGER_CODE = (0.7, 0.8, 20)  # PAGER (SEEK's code): every call (its repetition_penalty 1.02, seed 66: not applied)
 KAIR_CODE = (0.1, 0.9, 0)  # KAIR's code: vLLM SamplingParams temperature 0.1, top_p 0.9 (no top_k: off)
+DEEPNOTE_CODE = (0.1, 0.9, 0)  # DeepNote's src/main.py: the same SamplingParams (KAIR is built on it)
 # Where the source is silent, reasoning-model decoding: the QwQ-32B and Qwen3 model cards ask for
 # temperature 0.6, top_p 0.95, top_k 20 (20-40 for QwQ) in thinking mode and warn against greedy decoding.
 REASONING_CARD = (0.6, 0.95, 20)
@@ -100,6 +108,7 @@ SAMPLING_PAPER: dict[str, tuple[float, float, int]] = {
     "seeds-o1": SEARCH_O1_CODE,  # SEEDS §F.1 builds SEEDS-o1 on Search-o1 and states no sampling of its own
     "seek": PAGER_CODE,
     "kair": KAIR_CODE,
+    "deepnote": DEEPNOTE_CODE,
 }
 SAMPLING = {"small": {m: GREEDY for m in BUDGET_FIELDS}, "paper": SAMPLING_PAPER, "thinking": SAMPLING_THINKING}
 GREEDY_OPTIONS = dict(zip(("temperature", "top_p", "top_k"), GREEDY))  # --greedy: under any preset
@@ -119,6 +128,18 @@ PAPER_LIMITS: dict[str, dict[str, dict[str, int]]] = {
     # searches, and its 15 turns plus one expand per allowed search (our mapping).
     "seeds-o1": {kind: {"max_searches": c["max_searches"], "max_actions": 15 + c["max_searches"]}
                  for kind, c in SEARCH_O1_LIMITS.items()},
+}
+
+
+# Method options that are not budgets, set under ``--budget paper`` only to their source's setting
+# (each one's default is a named deviation: docs/paper_settings.md). SEEK, as PAGER's code runs it: no
+# cap on the sketch's topics, whole documents for the fill call, the sketch's analysis before its
+# topics and reasoning before a tagged answer. SEEDS-ReAct and SEEDS-o1: the paper's prompts are
+# instructions only (SEEDS §A.4), without our worked example.
+PAPER_OPTIONS: dict[str, dict[str, Any]] = {
+    "seek": {"max_slots": None, "doc_chars": None, "reasoning_first": True},
+    "seeds-react": {"example": False},
+    "seeds-o1": {"example": False},
 }
 
 
@@ -164,8 +185,9 @@ PRESETS = ("small", "paper", "thinking")
 
 
 def budget_options(preset: str | None, method: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``options`` with the preset's budgets and decoding (:data:`SAMPLING`) added for ``method``;
-    options given explicitly win (``temperature=0``: greedy under any preset).
+    """``options`` with the preset's budgets and decoding (:data:`SAMPLING`) added for ``method``,
+    and under ``paper`` its source's other settings (:data:`PAPER_OPTIONS`); options given
+    explicitly win (``temperature=0``: greedy under any preset; ``example=true`` under paper).
 
     ``preset=None`` adds nothing (the method's defaults, i.e. ``small``). Unknown preset or method:
     ValueError naming the choices."""
@@ -177,4 +199,5 @@ def budget_options(preset: str | None, method: str, options: dict[str, Any] | No
     if method not in BUDGET_FIELDS:
         raise ValueError(f"no budget presets for method {method!r}; they cover {sorted(BUDGET_FIELDS)}")
     sampling = dict(zip(("temperature", "top_p", "top_k"), SAMPLING[preset][method]))
-    return {**presets()[preset][method], **sampling, **options}
+    settings = PAPER_OPTIONS.get(method, {}) if preset == "paper" else {}
+    return {**presets()[preset][method], **sampling, **settings, **options}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from envs.search_env import SearchEnv
+from envs.search_env import SearchEnv, prefetch_opened_pages
 
 
 class EnvStepBatcher:
@@ -67,6 +67,9 @@ class EnvStepBatcher:
                     prepared.append(None)
                     future.set_exception(err)
             hits = self._retrieve(batch, prepared, lookups)
+            opening = [(env, step, given if given is not None else hits.get(i))
+                       for i, ((env, _, _, given), step) in enumerate(zip(batch, prepared))]
+            prefetch_opened_pages(self.retriever, opening)
             for i, ((env, _, future, given), pending) in enumerate(zip(batch, prepared)):
                 if pending is None or future.done():
                     continue

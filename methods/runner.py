@@ -43,6 +43,7 @@ def prediction_record(ctx: QuestionContext) -> dict[str, Any]:
         "positives_opened": episode["positives_opened"],
         "negatives_opened": episode["negatives_opened"],
         "positives_missed": episode["positives_missed"],
+        **{key: episode[key] for key in ("pages_fetched", "page_failures") if key in episode},  # live web
         "reward": episode["reward"]["total"],
         "reward_breakdown": episode["reward"],  # answer, selection, format (penalties), terminal, total
         "searches": episode["searches"],

@@ -32,6 +32,12 @@ Variants (option ``variant``; the paper's ablations, §5.2 and A.3):
 - ``no_initialization``: no sketch: write a sub-query, retrieve, summarise into a note, judge
   sufficiency; repeat until judged sufficient or the round cap.
 
+PAGER (SEEK's code) against our defaults, each a named option that ``--budget paper`` sets to PAGER's
+value (:data:`methods.budgets.PAPER_OPTIONS`; docs/paper_settings.md): ``max_slots`` (6; PAGER: no
+cap), ``doc_chars`` (800 characters per document; PAGER: whole documents) and ``reasoning_first``
+(off; PAGER: the sketch call analyses before its topics, the answer call reasons before a tagged
+answer). The prompts carry PAGER's instructions in every setting (:mod:`methods.prompts.seek`).
+
 Every variant makes at most ``max_rounds`` retrieval rounds, reads under ``admission``
 ("prefix": the top-k; "preview": the model opens chosen candidates) and records every fallback
 in the trace with ``ctx.note``. ``ctx.stats`` holds variant, slots, slots_filled, rounds, stop
@@ -54,6 +60,7 @@ from methods.prompts import seek as prompts
 from methods.seek_parsing import (
     EVIDENCE_CHARS,
     Revision,
+    after_marker,
     clean_evidence,
     grounded,
     norm,
@@ -150,8 +157,12 @@ class Seek(Method):
     admission: str = "prefix"  # or "preview": open only the candidates the model chooses
     paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # documents per sub-query
     max_rounds: int = 10  # retrieval rounds at most
-    max_slots: int = 6  # gists beyond this are dropped (noted)
-    doc_chars: int = 800  # characters of each document shown to the refine call
+    # Caps PAGER does not have (named deviations; --budget paper lifts both: methods.budgets.PAPER_OPTIONS):
+    max_slots: int | None = 6  # gists beyond this are dropped (noted); None: no cap (PAGER's 10 rounds still bound it)
+    doc_chars: int | None = 800  # characters of each document shown to the refine call; None: whole (PAGER)
+    # PAGER's sketch call analyses the question before the topics, and its answer call reasons before a short
+    # tagged answer; off by default (direct replies within the small budgets), on under --budget paper
+    reasoning_first: bool = False
     sketch_tokens: int = 160
     update_tokens: int = 1024  # the update call rewrites the whole sketch, evidence included
     query_tokens: int = 48  # per sub-query
@@ -166,12 +177,21 @@ class Seek(Method):
         require_choice("variant", self.variant, VARIANTS)
         require_choice("admission", self.admission, ADMISSIONS)
         require_choice("cover_em_normalization", self.cover_em_normalization, tuple(COVER_EM_NORMALIZATIONS))
-        for name in ("max_rounds", "max_slots"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
+        for name in ("max_rounds", "max_slots", "doc_chars"):
+            value = getattr(self, name)
+            if (value is not None or name == "max_rounds") and (value is None or value < 1):
+                raise ValueError(f"{name} must be at least 1" + ("" if name == "max_rounds" else " (or None: no cap)"))
+
+    @property
+    def slot_cap(self) -> int:
+        """The most gists kept: ``max_slots``, else (no cap) ``max_rounds`` under ``parallel_filling``,
+        whose one retrieval round makes a search per slot, and no cap otherwise (0)."""
+        if self.max_slots is not None:
+            return self.max_slots
+        return self.max_rounds if self.variant == "parallel_filling" else 0
 
     def fixed_env(self) -> dict:
-        searches = {"parallel_filling": self.max_slots, "no_iter_retrieval": 1}.get(self.variant, self.max_rounds)
+        searches = {"parallel_filling": self.slot_cap, "no_iter_retrieval": 1}.get(self.variant, self.max_rounds)
         return admission_protocol(self.admission, max_searches=searches)
 
     async def run(self, ctx: QuestionContext) -> None:
@@ -279,8 +299,11 @@ class Seek(Method):
 
     async def _init_sketch(self, ctx: QuestionContext) -> Sketch:
         """Gists from the question alone; a one-gist sketch of the question if none can be parsed."""
-        text = await self._call(ctx, prompts.SKETCH.format(question=ctx.question), self.sketch_tokens, "sketch")
-        gists = self._capped(ctx, parse_gists(text or ""))
+        output = prompts.SKETCH_REASONED if self.reasoning_first else prompts.SKETCH_DIRECT
+        text = await self._call(ctx, prompts.SKETCH.format(question=ctx.question, output=output), self.sketch_tokens,
+                                "sketch")
+        listed = after_marker(text or "", prompts.TOPICS_MARKER) if self.reasoning_first else text or ""
+        gists = self._capped(ctx, parse_gists(listed))
         if not gists:
             ctx.note("sketch_fallback", output=text)
             gists = [ctx.question]
@@ -288,9 +311,10 @@ class Seek(Method):
         return Sketch.from_gists(gists)
 
     def _capped(self, ctx: QuestionContext, gists: list[str]) -> list[str]:
-        if len(gists) > self.max_slots:
-            ctx.note("sketch_truncated", dropped=gists[self.max_slots:])
-        return gists[: self.max_slots]
+        cap = self.slot_cap or len(gists)
+        if len(gists) > cap:
+            ctx.note("sketch_truncated", dropped=gists[cap:])
+        return gists[:cap]
 
     async def _write_query(self, ctx: QuestionContext, context: str, focus: str) -> str:
         """Reasoning step + sub-query (only the sub-query is used, for this round only)."""
@@ -355,18 +379,21 @@ class Seek(Method):
         return revised
 
     def _capped_revisions(self, ctx: QuestionContext, revisions: list[Revision]) -> list[Revision]:
-        if len(revisions) > self.max_slots:
-            ctx.note("sketch_truncated", dropped=[r.gist for r in revisions[self.max_slots:]])
-        return revisions[: self.max_slots]
+        cap = self.slot_cap or len(revisions)
+        if len(revisions) > cap:
+            ctx.note("sketch_truncated", dropped=[r.gist for r in revisions[cap:]])
+        return revisions[:cap]
 
     async def _answer(self, ctx: QuestionContext, knowledge: str) -> None:
-        prompt = prompts.ANSWER.format(context=knowledge, question=ctx.question)
-        text = await self._call(ctx, prompt, self.answer_tokens, "answer", stop=("\n\n",))
+        output = prompts.ANSWER_REASONED if self.reasoning_first else prompts.ANSWER_DIRECT
+        prompt = prompts.ANSWER.format(context=knowledge, question=ctx.question, output=output)
+        stop = ("</answer>",) if self.reasoning_first else ("\n\n",)
+        text = await self._call(ctx, prompt, self.answer_tokens, "answer", stop=stop)
         if text is None:
             await ctx.give_up("llm_error")
             return
         answer, form = extract_answer(text)
-        if form != "line":
+        if form != ("tag" if self.reasoning_first else "line"):
             ctx.note("answer_form", form=form)
         await ctx.answer(answer)
 

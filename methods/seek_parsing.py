@@ -42,6 +42,18 @@ def _gist(item: str) -> str:
     return " ".join(_PLACEHOLDER.sub(" ", item).replace("**", "").split()).strip(" :-")
 
 
+def after_marker(text: str, marker: str) -> str:
+    """The text after the last line that opens with ``marker``'s word (case and markup aside;
+    what follows it on that line is kept), or all of ``text`` when no line does: the topic list
+    after a sketch call's analysis, whose own numbered lines are not topics."""
+    opening = re.compile(rf"^\W*{re.escape(norm(marker))}\b\W*(.*)$", re.IGNORECASE)
+    lines = text.splitlines()
+    found = [i for i, line in enumerate(lines) if opening.match(line)]
+    if not found:
+        return text
+    return "\n".join([opening.match(lines[found[-1]]).group(1), *lines[found[-1] + 1:]])
+
+
 def parse_gists(text: str) -> list[str]:
     """Topic names from numbered (``1.``), bulleted or ``##`` lines, in order, deduplicated."""
     gists, seen = [], set()

@@ -30,7 +30,7 @@ import torch
 
 from training.config import LoraSettings, PPOConfig
 from training.frozen_prefix import frozen_depth, prefix_hidden
-from training.models import build_models
+from training.policy_models import build_models
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,5 +1,5 @@
 """Which advantage estimator, and which loss aggregation, learns the search task? A measured comparison
-on the learning test's world (:mod:`training.box_world`: five boxes per search, one full; the reward
+on the learning test's world (:mod:`scripts.box_world`: five boxes per search, one full; the reward
 counts what was opened), both tables from one run.
 
     python scripts/compare_estimators.py                          # 7 estimators + 4 aggregations, seeds 0 1 2
@@ -48,7 +48,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from envs.atomic import write_json_atomic  # noqa: E402
 from envs.typed_config import to_dict  # noqa: E402
-from training.box_world import build, ppo_config, warm_start  # noqa: E402
+from scripts.box_world import build, ppo_config, warm_start  # noqa: E402
 from training.ppo import train  # noqa: E402
 from training.ppo_core import LOSS_AGGREGATIONS  # noqa: E402
 

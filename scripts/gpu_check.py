@@ -4,7 +4,7 @@
     python scripts/gpu_check.py --device cpu --dtype float32   # the same checks on a CPU (the test runs this)
 
 Each check is one PPO update of :func:`training.ppo.train` on the learning test's world
-(:mod:`training.box_world`: a 2-layer random Llama taught the protocol by 60 plain supervised
+(:mod:`scripts.box_world`: a 2-layer random Llama taught the protocol by 60 plain supervised
 steps, five boxes per search, so rewards differ between samples), rolled out by the HF
 engine (KV cache across turns, constrained verdicts) on the device, with LoRA:
 every advantage estimator (gae with its critic, grpo, Dr. GRPO, rloo, reinforce, reinforce_pp,
@@ -62,9 +62,9 @@ def one_update(world: dict, name: str, overrides: dict, args: argparse.Namespace
     (``world["policy"]``, copied); returns the update's logged stats."""
     import copy
 
-    from training.box_world import ppo_config
+    from scripts.box_world import ppo_config
     from training.config import LoraSettings
-    from training.models import wrap_models
+    from training.policy_models import wrap_models
     from training.ppo import train
 
     dtype = getattr(torch, args.dtype)
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         print(f"gpu_check: {torch.cuda.get_device_name()} torch {torch.__version__} CUDA {torch.version.cuda} "
               f"bf16 {torch.cuda.is_bf16_supported()}", flush=True)
-    from training.box_world import build, protocol_policy
+    from scripts.box_world import build, protocol_policy
 
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as folder:
         world = build(folder)

@@ -1,25 +1,28 @@
-"""Learning check: does the product trainer (``training/ppo.py``) teach a small policy which
-candidates to open, in our env, on a CPU? A thin driver: a recipe, seeds, and the figures.
+"""Learning check: does the product trainer (``training/ppo.py``) teach SmolLM2 to CHOOSE which
+candidates to open on the embedded default, not to stop reading? A thin driver of the main job:
+its recipe, seeds, and the selection profile's verdict (:mod:`training.selection_profile`).
 
-    python scripts/learning_check.py                     # configs/ppo/learning_check.yaml, seed 0
-    python scripts/learning_check.py --seeds 0 1 2       # the spread over seeds
-    python scripts/learning_check.py --set updates=40    # any PPOConfig override (repeatable)
+    python scripts/learning_check.py                     # configs/ppo/learning_check.yaml (= the main job), seed 0
+    python scripts/learning_check.py --seeds 0 1 2       # pooled over seeds (training.seed_spread)
+    python scripts/learning_check.py --updates 12        # any PPOConfig override, as training.ppo takes it
 
 Every seed is one run of :func:`training.ppo.train` (SFT warm start, greedy evaluation on the
 held-out questions, PPO, greedy evaluation again) with ``seed`` set; the warm start of the first
-seed is reused by the others (``sft_checkpoint``), so the seeds differ in PPO only. Per seed it
-prints the before/after reward and selection precision with their paired bootstrap 95%
-intervals; over seeds, mean ± std. Results go to ``<out>/result.json``.
+seed is reused by the others (``sft_checkpoint``), so the seeds differ in PPO only, and with
+``cache_warm_start`` a second call reuses the warm start and its evaluation. One seed is the main
+job's size: about 15-25 minutes on 2 cores (the first call also trains the warm start). Over several
+seeds the before/after comparison is pooled with the two-level paired bootstrap of
+:mod:`training.seed_spread`. Results go to ``<out>/result.json``.
 
-Targets (from the issue that made this the trainer's yardstick): reward ×1.5 and precision +0.2
-over the warm start. The last line is
-``reward_start=… reward_end=… precision_start=… precision_end=…`` (means over seeds).
+Targets: the selection profile of :class:`training.selection_profile.SelectionTargets` (recall kept,
+precision and selection F1 up, 1-3 documents read, EM not worse, no question copies). The exit
+status is 0 when every target is met, 1 otherwise; the last line is
+``selection_misses=… recall_after=… precision_diff=… f1_diff=… docs_after=…``.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +34,8 @@ import yaml
 
 from envs.atomic import write_json_atomic
 from training.config import PPOConfig, load_config
+from training.seed_spread import read_run, spread
+from training.selection_profile import selection_misses
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "ppo" / "learning_check.yaml"
 
@@ -39,44 +44,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(RECIPE), help="PPO recipe (default: %(default)s)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="PPO seeds (default: 0)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="PPOConfig override, e.g. --set updates=40 --set lora.r=8")
     parser.add_argument("--out", default="runs/learning_check", help="output folder (one sub-folder per seed)")
-    return parser.parse_args(argv)
+    parser.epilog = "Any other --section.field value is a PPOConfig override, as `python -m training.ppo` takes it."
+    args, overrides = parser.parse_known_args(argv)
+    args.overrides = overrides
+    return args
 
 
 def seed_config(args: argparse.Namespace, seed: int, sft_checkpoint: str | None) -> PPOConfig:
     """The recipe with the overrides, this seed and its own output folder."""
-    argv = ["--config", args.config]
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
-        argv += [f"--{key}", value]
-    cfg = load_config(PPOConfig, argv)
+    try:
+        cfg = load_config(PPOConfig, ["--config", args.config, *args.overrides])
+    except ValueError as error:  # ConfigError: an unknown key or a value of the wrong kind
+        raise SystemExit(f"learning_check: {error}") from None
     cfg = dataclasses.replace(cfg, seed=seed, output_dir=str(Path(args.out) / f"seed{seed}"))
     if sft_checkpoint and not cfg.sft_checkpoint:
         cfg = dataclasses.replace(cfg, sft_checkpoint=sft_checkpoint)
     return cfg
 
 
-def summarize(runs: list[dict]) -> dict:
-    """Mean ± std over seeds of the before/after figures (std 0 for one seed)."""
-    out = {}
-    for stat in ("reward", "precision", "em"):
-        for side in ("before", "after", "diff", "lo", "hi"):
-            values = [r["comparison"][stat][side] for r in runs]
-            out[f"{stat}_{side}"] = {"mean": statistics.fmean(values),
-                                     "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-    return out
+SHOWN = ("reward", "precision", "recall", "f1", "docs", "em")  # per seed
 
 
-def targets(summary: dict) -> dict:
-    start, end = summary["reward_before"]["mean"], summary["reward_after"]["mean"]
-    gain = summary["precision_after"]["mean"] - summary["precision_before"]["mean"]
-    ratio = end / start if start > 0 else float("nan")
-    return {"reward_ratio": ratio, "reward_x1.5": bool(start > 0 and ratio >= 1.5),
-            "precision_gain": gain, "precision_+0.2": bool(gain >= 0.2)}
+def pooled_comparison(runs: list[dict]) -> dict:
+    """The before/after comparison the targets read: the run's own for one seed; over several, the
+    change in the mean over runs with its two-level paired bootstrap interval (``training.seed_spread``)."""
+    if len(runs) == 1:
+        return runs[0]["comparison"]
+    return spread([read_run(Path(run["output_dir"])) for run in runs])["pooled"]
+
+
+def summary_line(comparison: dict, misses: list[str]) -> str:
+    def value(stat: str, side: str) -> str:
+        return f"{comparison[stat][side]:.4f}" if stat in comparison else "nan"
+    return (f"selection_misses={len(misses)} recall_after={value('recall', 'after')} "
+            f"precision_diff={value('precision', 'diff')} f1_diff={value('f1', 'diff')} "
+            f"docs_after={value('docs', 'after')} em_diff={value('em', 'diff')}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -94,26 +97,19 @@ def main(argv: list[str] | None = None) -> dict:
         sft_checkpoint = sft_checkpoint or saved.get("sft_checkpoint")
         runs.append({"seed": seed, "minutes": (time.perf_counter() - start) / 60,
                      "comparison": result["comparison"], "output_dir": cfg.output_dir})
-    summary = summarize(runs)
-    goals = targets(summary)
-    path = write_json_atomic({"runs": runs, "summary": summary, "targets": goals, "config": args.config,
-                              "overrides": args.set}, Path(args.out) / "result.json")
+    comparison = pooled_comparison(runs)
+    misses = selection_misses(comparison)
+    path = write_json_atomic({"runs": runs, "comparison": comparison, "misses": misses, "config": args.config,
+                              "overrides": args.overrides}, Path(args.out) / "result.json")
     print(f"learning check: {len(runs)} seed(s) of {args.config}; results in {path}")
     for run in runs:
-        r, p = run["comparison"]["reward"], run["comparison"]["precision"]
-        print(f"  seed {run['seed']}: reward {r['before']:.3f} -> {r['after']:.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]  "
-              f"precision {p['before']:.3f} -> {p['after']:.3f} [{p['lo']:+.3f}, {p['hi']:+.3f}]  "
-              f"({run['minutes']:.1f} min)")
-    for stat in ("reward", "precision", "em"):
-        b, a = summary[f"{stat}_before"], summary[f"{stat}_after"]
-        print(f"  {stat:9s} {b['mean']:.3f} ± {b['std']:.3f} -> {a['mean']:.3f} ± {a['std']:.3f}")
-    print(f"targets: reward x{goals['reward_ratio']:.2f} (>= 1.5: {goals['reward_x1.5']}), precision "
-          f"{goals['precision_gain']:+.3f} (>= +0.2: {goals['precision_+0.2']})")
-    print(f"reward_start={summary['reward_before']['mean']:.3f} reward_end={summary['reward_after']['mean']:.3f} "
-          f"precision_start={summary['precision_before']['mean']:.3f} "
-          f"precision_end={summary['precision_after']['mean']:.3f}")
-    return {"runs": runs, "summary": summary, "targets": goals}
+        print(f"  seed {run['seed']} ({run['minutes']:.1f} min): " + ", ".join(
+            f"{name} {row['before']:.3f} -> {row['after']:.3f} [{row['lo']:+.3f}, {row['hi']:+.3f}]"
+            for name, row in run["comparison"].items() if name in SHOWN))
+    print("targets: " + ("all met" if not misses else "missed: " + "; ".join(misses)))
+    print(summary_line(comparison, misses))
+    return {"runs": runs, "comparison": comparison, "misses": misses}
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["misses"] else 0)

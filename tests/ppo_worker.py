@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
 
     from training.config import PPOConfig, load_config
     from training.distributed import accelerator_handlers
-    from training.models import build_models
+    from training.policy_models import build_models
     from training.ppo import train
 
     cfg = load_config(PPOConfig, argv)

@@ -13,7 +13,7 @@ from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training import advantages as A
 from training import ppo_core as pc
 from training.config import ConfigError, LoraSettings, PPOConfig
-from training.models import wrap_models
+from training.policy_models import wrap_models
 
 
 def t(*rows):

@@ -19,7 +19,7 @@ from training import ppo, ppo_score
 from training.advantages import grpo_advantages
 from training.answer_credit import answer_term, answer_turn_advantages, answer_turn_mask
 from training.config import ConfigError, LoraSettings, PPOConfig
-from training.models import wrap_models
+from training.policy_models import wrap_models
 from training.ppo_batch import episodes_to_batch
 from training.rollout import RolloutConfig, collect_rollouts
 

@@ -17,7 +17,7 @@ from inference.backends.openai_backend import request_body
 from inference.backends.vllm_backend import sampling_kwargs
 from methods.llm import GenerationRequest
 from methods.seeds import SeedsR1
-from training.models import sequence_logprobs
+from training.policy_models import sequence_logprobs
 from training.ppo_batch import episodes_to_batch
 from training.rollout import RolloutConfig, collect_rollouts
 

@@ -13,7 +13,7 @@ from tests.tiny_models import tiny_gemma3, tiny_llama, tiny_tokenizer
 from training import ppo_score
 from training.config import LoraSettings
 from training.frozen_prefix import frozen_depth, prefix_hidden
-from training.models import wrap_models
+from training.policy_models import wrap_models
 from training.ppo import train
 
 

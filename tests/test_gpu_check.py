@@ -26,7 +26,7 @@ def test_the_checks_run_one_update_each_on_a_cpu(capsys):
 
 def test_deepspeed_runs_last():
     """accelerate's state is process-wide: DeepSpeed's check runs after the others (and releases its
-    state). Its run on a CPU after another check is checked by hand (README): in the suite, what
+    state). Its run on a CPU after another check is checked by hand (docs/gpu.md, "GPU check"): in the suite, what
     DeepSpeed leaves in the process (environment, process group) reaches later tests."""
     assert gpu_check.ordered_checks(["deepspeed", "grpo", "grpo", "gae"]) == ["grpo", "gae", "deepspeed"]
     assert gpu_check.ordered_checks(["gae"]) == ["gae"]

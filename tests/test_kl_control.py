@@ -14,7 +14,7 @@ from training import ppo, ppo_score
 from training.checkpoint import load_latest
 from training.config import ConfigError, PPOConfig
 from training.kl_control import AdaptiveKLController, FixedKLController, build_kl_controller, current_kl_coef
-from training.models import wrap_models
+from training.policy_models import wrap_models
 
 
 def test_adaptive_controller_by_hand():

@@ -16,7 +16,7 @@ from tests.update_worker import default_shape_config, make_episodes
 from training import advantages as A
 from training.config import ConfigError, PPOConfig
 from training.kl_estimators import kl_penalty
-from training.models import wrap_models
+from training.policy_models import wrap_models
 from training.ppo_score import episode_kl_sums, episode_rewards, score
 from training.ppo_setup import Run
 

@@ -11,7 +11,7 @@ from tests.test_ppo_loop import tiny_cfg, trainable
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training.config import ConfigError
 from training.kl_stop import approx_kl_sums, exceeds_target_kl, kl_means, kl_summary
-from training.models import wrap_models
+from training.policy_models import wrap_models
 from training.ppo import train
 
 

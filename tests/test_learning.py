@@ -13,12 +13,13 @@ the greedy policy on the protocol: without it one seed in five drifted into inva
 sampling forgave), so only PPO's per-token credit assignment can raise it: to 1.0 when it learns
 "yes" after candidate [1] and "no" after the others. Seeds 0–4 all pass (seed 2 at precision 0.62).
 
-Why the right box is recognisable by its number and not by its contents: a 2-layer random model
-did not learn to tell "It holds the amber." from "It is empty." through PPO within 40 updates
-(both open rates moved together); whether the main job learns content on SmolLM2 is measured in the
-README ("Training SEEDS-R1"). The trainer runs as the main job does: constrained verdicts (two-way
-log-probs) and a group baseline (``advantage: grpo``, no critic). Broken trainers fail this test
-(checked by hand, README): a flipped advantage sign, a zeroed loss mask, or a skipped optimizer step.
+Why the right box is recognisable by its number and not by its contents: a 2-layer random model did
+not learn to tell "It holds the amber." from "It is empty." through PPO within 40 updates (both open
+rates moved together); whether the main job learns content on SmolLM2 is measured in
+docs/training.md ("What has been learnt"). The trainer runs as the main job does: constrained
+verdicts (two-way log-probs) and a group baseline (``advantage: grpo``, no critic). Broken trainers
+fail this test (checked by hand, docs/training.md "Learning check and learning test"): a flipped
+advantage sign, a zeroed loss mask, or a skipped optimizer step.
 
 The same world with each box judged in a context of its own (``judge_context: alone``: the box's
 title and text, then the question; no number) is learnt by CONTENT: the verdicts are rows of their
@@ -31,7 +32,7 @@ import json
 
 import pytest
 
-from training.box_world import ALONE_ENV, build, ppo_config, warm_start
+from scripts.box_world import ALONE_ENV, build, ppo_config, warm_start
 from training.reader_study import ANSWER_SHARE_KEYS
 
 

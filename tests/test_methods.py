@@ -47,7 +47,7 @@ def run(name, respond, examples=(QUESTION,), **options):
 
 EXPECTED_DOCS = {"vanilla-llm": 0, "vanilla-rag": 5, "react": 5, "react-dynk": 2, "search-o1": 10, "search-r1": 3,
                  "ircot": 5, "iter-retgen": 5, "seeds-react": 2, "seeds-o1": 2, "seeds-r1": 2,
-                 "seek": 5, "kair": 5, "maps": 5}
+                 "seek": 5, "kair": 5, "maps": 5, "main-rag": 12, "deepnote": 5}
 
 
 def test_every_method_is_registered():

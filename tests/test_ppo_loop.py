@@ -13,7 +13,7 @@ from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training.checkpoint import export_hf, list_checkpoints, load_latest
 from training.config import ConfigError, LoraSettings, PPOConfig, load_config, save_resolved
 from training.inputs import next_questions
-from training.models import sequence_logprobs, sequence_values, wrap_models
+from training.policy_models import sequence_logprobs, sequence_values, wrap_models
 from training.ppo import train
 from training.ppo_batch import micro_batches
 

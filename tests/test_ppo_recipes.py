@@ -15,8 +15,10 @@ def test_the_default_opens_above_the_cut_and_charges_beta_015():
     assert default.sft["teacher_open_rate"] == 0.6
     reward = load_env_config(default).reward
     assert (reward.positive_opened_bonus, reward.negative_opened_penalty) == (0.25, 0.15)
+    assert default.verdict_credit_centred  # the verdicts' own credit moves which candidates open, not how many
     above = load_config(PPOConfig, ["--config", str(RECIPES / "above_cut.yaml")])  # runs 43-45's command
-    assert dataclasses.replace(above, output_dir=default.output_dir) == default
+    assert not above.verdict_credit_centred  # as those runs measured it
+    assert dataclasses.replace(above, output_dir=default.output_dir, verdict_credit_centred=True) == default
 
 
 def test_half_open_is_the_previous_default_with_its_two_values():
@@ -29,4 +31,4 @@ def test_half_open_is_the_previous_default_with_its_two_values():
     assert reward == dataclasses.replace(default_reward, negative_opened_penalty=0.05)
     assert reward.positive_opened_bonus == 0.25  # the base's env overrides are kept, not replaced
     differing = {f.name for f in dataclasses.fields(PPOConfig) if getattr(half, f.name) != getattr(default, f.name)}
-    assert differing == {"sft", "env", "output_dir"}
+    assert differing == {"sft", "env", "output_dir", "verdict_credit_centred"}

@@ -1,4 +1,4 @@
-"""scripts/reader_study.py end to end on the conftest toy retriever: the teacher table alone, then a
+"""scripts/run_reader_study.py end to end on the conftest toy retriever: the teacher table alone, then a
 scripted policy's greedy answers and its teacher-forced answers, the JSON and the last line."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import reader_study  # noqa: E402
+import run_reader_study as reader_study  # noqa: E402
 
 OVERRIDES = ["--", "--env.expand_form", "list", "--env.judge_context", "stream", "--env.shuffle_candidates", "false",
              "--max_turn_tokens", "8", "--eval_questions", "4"]  # the scripted policy's protocol

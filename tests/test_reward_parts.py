@@ -31,12 +31,12 @@ def test_comparisons_have_the_parts_only_where_both_sides_recorded_them():
     before = question_outcomes([episode(0.0, 0.0, 0.0), episode(-0.1, 0.0, -0.1)])
     after = question_outcomes([episode(0.25, 0.0, 0.25), episode(1.0, 1.0, 0.0)])
     rows = compare_runs(before, after, resamples=200)
-    assert set(rows) == {"reward", "em", "precision", "recall", "selection", "format", "reading"}
+    assert set(rows) == {"reward", "em", "precision", "recall", "f1", "docs", "selection", "format", "reading", "copy"}
     assert rows["selection"]["diff"] == pytest.approx(0.175) and rows["format"]["diff"] == 0.0
     assert rows["reward"]["diff"] == pytest.approx(rows["em"]["diff"] + rows["selection"]["diff"])
     old = {k: before[k] for k in CORE_OUTCOME_KEYS}  # an eval.json written before the parts were
-    assert set(compare_runs(old, after, resamples=200)) == {"reward", "em", "precision"}
-    assert statistics_of(old, after) == ["reward", "em", "precision"]
+    assert set(compare_runs(old, after, resamples=200)) == {"reward", "em", "precision", "docs"}
+    assert statistics_of(old, after) == ["reward", "em", "precision", "docs"]
 
 
 def selected(opened: int, positives_opened: int, shown: int) -> SimpleNamespace:
@@ -55,6 +55,28 @@ def test_recall_shows_what_a_precision_gain_by_opening_less_costs():
     assert rows["recall"]["diff"] == pytest.approx(-0.5) and rows["recall"]["hi"] <= 0
     nothing_shown = question_outcomes([selected(2, 0, 0)])
     assert compare_runs(nothing_shown, nothing_shown, resamples=50)["recall"]["before"] == 0.0
+
+
+def test_selection_f1_pools_hits_over_selected_and_relevant_and_docs_is_the_mean_read():
+    """F1 = 2·Σpositives opened / (Σdocuments read + Σpositives shown), the harmonic mean of the pooled
+    precision and recall; a policy that stops opening scores 0, however high its precision was."""
+    before = question_outcomes([selected(4, 1, 1), selected(4, 2, 2), selected(3, 0, 1), selected(0, 0, 0)])
+    after = question_outcomes([selected(1, 1, 1), selected(0, 0, 2), selected(0, 0, 1), selected(0, 0, 0)])
+    rows = compare_runs(before, after, resamples=200)
+    assert rows["f1"]["before"] == pytest.approx(2 * 3 / (11 + 4))  # P 3/11, R 3/4: 2PR/(P+R) = 0.4
+    assert rows["f1"]["after"] == pytest.approx(2 * 1 / (1 + 4))
+    assert (rows["docs"]["before"], rows["docs"]["after"]) == (pytest.approx(11 / 4), pytest.approx(1 / 4))
+    closed = question_outcomes([selected(0, 0, 1), selected(0, 0, 2)])
+    assert compare_runs(closed, closed, resamples=50)["f1"]["after"] == 0.0
+
+
+def test_copy_is_the_share_of_answers_made_of_the_questions_words():
+    question = "Which river flows through the city of Berlin?"
+    copies = [SimpleNamespace(reward=0.0, info={"answer": a, "question": question, "metrics": {"em": 0.0}})
+              for a in ("river flows through the city of Berlin", "Spree", None, "Which river flows through Berlin")]
+    outcomes = question_outcomes(copies)
+    assert outcomes["copied_question"].tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert compare_runs(outcomes, outcomes, resamples=50)["copy"]["before"] == pytest.approx(0.5)
 
 
 def read(answer: str | None, opened: tuple[int, ...]) -> SimpleNamespace:

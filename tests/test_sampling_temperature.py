@@ -11,7 +11,7 @@ from envs.protocol import judge_token_ids
 from inference.backends.hf import HFBackend
 from methods.llm import GenerationRequest
 from training.config import ConfigError, LoraSettings, PPOConfig
-from training.models import PolicyModel, sequence_logprobs, wrap_models
+from training.policy_models import PolicyModel, sequence_logprobs, wrap_models
 from training.rollout_engine import MergedLoraHFBackend, build_rollout_backend
 from training.rollout_generation import TurnGenerator, eos_logprobs
 

@@ -21,6 +21,7 @@ from training.scripted_teacher import (
     first_title_reader,
     information_passages,
     overlap_title_reader,
+    quoted_query,
     snapshot_candidates,
 )
 
@@ -103,6 +104,23 @@ def test_on_topic_reading_is_answered_without_searching_again(retriever, example
         turns = actions(record)
         assert [type(a) for a in turns] == [SearchAction, ExpandAction, type(turns[-1])]
         assert turns[0].query == record["question"]
+
+
+def test_quoted_query_keeps_the_clues_and_drops_the_template_and_masks():
+    question = ('Which subject is described as "Genus of hominins" and has a summary that begins: '
+                '"___ is a genus of great ape that ___ emerged."?')
+    assert quoted_query(question) == "Genus of hominins; is a genus of great ape that emerged."
+    assert quoted_query("Which mountain is highest in Japan?") == "Which mountain is highest in Japan?"
+    assert quoted_query('Who wrote "___"?') == 'Who wrote "___"?'  # nothing left of the clue: the question
+
+
+def test_the_first_query_follows_the_query_rule(retriever, examples):
+    quoted = [dataclasses.replace(e, question=f'Which one is "{e.question}" here?') for e in examples]
+    settings = ScriptedTeacherConfig(query="quoted", second_search=False)
+    for record in collect_scripted(quoted, retriever, EnvConfig(), settings, num_envs=2):
+        assert actions(record)[0].query == quoted_query(record["question"]) != record["question"]
+    with pytest.raises(ValueError, match="teacher query"):
+        ScriptedTeacherConfig(query="gold")
 
 
 def test_judge_form_expands_and_prompt(retriever, examples):

@@ -116,7 +116,7 @@ def test_the_reward_parts_are_compared_where_every_run_recorded_them(tmp_path, c
     old = write_eval(tmp_path / "old", before, after)  # an eval.json from before the parts were recorded
     assert main([str(f) for f in [*new, old]] + ["--out", str(tmp_path / "mixed.json")]) == 0
     mixed = json.loads((tmp_path / "mixed.json").read_text())
-    assert set(mixed["pooled"]) == {"reward", "em", "precision"}
+    assert set(mixed["pooled"]) == {"reward", "em", "precision", "docs"}
     assert "selection" in mixed["per_run"][0] and "selection" not in mixed["per_run"][2]
     assert "selection" in capsys.readouterr().out
 

@@ -147,7 +147,7 @@ def test_the_trainer_adds_the_credit_to_the_verdict_tokens_only(script_lm, token
     import copy
 
     from training.config import LoraSettings
-    from training.models import wrap_models
+    from training.policy_models import wrap_models
     from training.ppo import train
 
     undecided = copy.deepcopy(script_lm)  # the scripted model, with small random yes/no rows: both get drawn

@@ -1,4 +1,4 @@
-"""training/verdict_signal.py and scripts/verdict_signal.py: verdicts matched to their labels, AUCs,
+"""training/verdict_signal.py and scripts/run_verdict_signal.py: verdicts matched to their labels, AUCs,
 and the supervised bound learning on the box world (where the full box is always shown first)."""
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from envs.protocol import judge_token_ids
-from training import box_world
+from scripts import box_world
 from training.rollout import Episode
 from training.verdict_signal import judged_episodes, question_overlap, roc_auc, supervised_bound
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import verdict_signal  # noqa: E402
+import run_verdict_signal as verdict_signal  # noqa: E402
 
 
 def test_roc_auc_by_hand():

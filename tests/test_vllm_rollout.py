@@ -1,10 +1,11 @@
 """The PPO trainer's vLLM rollout engine (training.rollout_engine): weight sync, rollouts, one update.
 
 Without vLLM only the engine-free parts run (the out-of-place LoRA merge, config, engine options,
-tokenizer checks, the HF engine). With vLLM (the README's ``.venv-vllm``, CPU) one engine is
-started for the module over a tiny random Llama (2 layers, hidden 64, 2 heads of 32) and the
-byte-level tokenizer of ``tests/tiny_models.py``, saved to a tmp folder; the trainer's actor is a
-LoRA on the same weights with its LoRA B matrices perturbed, so the adapter changes log-probs.
+tokenizer checks, the HF engine). With vLLM (``.venv-vllm`` of docs/methods.md, "vLLM on a CPU
+machine", CPU) one engine is started for the module over a tiny random Llama (2 layers, hidden 64, 2
+heads of 32) and the byte-level tokenizer of ``tests/tiny_models.py``, saved to a tmp folder; the
+trainer's actor is a LoRA on the same weights with its LoRA B matrices perturbed, so the adapter
+changes log-probs.
 The PPO-update test shuts that engine down (``train`` does at its end), so it comes after the
 others; the last test runs ``training.ppo`` under torchrun with two ranks, each with its own engine.
 """
@@ -27,7 +28,7 @@ from methods.seeds import SeedsR1
 from tests.tiny_models import script_weights, tiny_tokenizer
 from training import rollout_engine
 from training.config import ConfigError, LoraSettings, PPOConfig, VLLMSettings, load_config
-from training.models import wrap_models
+from training.policy_models import wrap_models
 from training.rollout import RolloutConfig, collect_rollouts
 from training.rollout_engine import (
     build_rollout_backend,
@@ -232,7 +233,7 @@ def test_hf_engine_on_a_merged_lora_copy_follows_the_actor(tok):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tok):
-    pytest.importorskip("vllm", reason="vLLM is not installed (the README's .venv-vllm runs these tests)")
+    pytest.importorskip("vllm", reason="vLLM is not installed (.venv-vllm, docs/methods.md, runs these tests)")
     from inference.models import load_tokenizer
 
     folder = tmp_path_factory.mktemp("tiny-llama-vllm")
@@ -358,7 +359,7 @@ def test_one_ppo_update_with_the_vllm_engine(engine, tmp_path, retriever, exampl
 def test_two_processes_each_run_their_own_engine(tmp_path, tok):
     """``torchrun`` with two gloo ranks and ``--rollout_engine vllm``: the real entry point, each rank
     building its engine through vLLM's external_launcher from the recipe's model folder."""
-    pytest.importorskip("vllm", reason="vLLM is not installed (the README's .venv-vllm runs these tests)")
+    pytest.importorskip("vllm", reason="vLLM is not installed (.venv-vllm, docs/methods.md, runs these tests)")
     import json
     import subprocess
     import sys

@@ -117,7 +117,7 @@ def test_specs_parse_to_typed_options(tmp_path, monkeypatch):
 
 
 def test_searxng_pages_become_passages_with_stable_ids(web, fresh):
-    retriever = fresh()
+    retriever = fresh(options="previews=page")  # pages fetched at search time (not the paper's setting)
     (hits,) = retriever.search([FRANCE], k=5)
     base = f"{web.url}/page"
     # one candidate per distinct result (the #history fragment is dropped), in engine order
@@ -156,7 +156,7 @@ def test_snippet_only_mode_fetches_no_page(web, fresh):
 
 
 def test_serper_sends_the_key_and_never_stores_it(web, fresh, tmp_path, caplog):
-    retriever = fresh("serper", "results=4&language=en&passages_per_result=2")
+    retriever = fresh("serper", "results=4&language=en&passages_per_result=2&previews=page")
     (hits,) = retriever.search([FRANCE + " malformed"], k=10)
     assert web.bodies[0] == {"q": FRANCE + " malformed", "num": 4, "hl": "en"}
     assert web.headers[0]["X-API-KEY"] == SERPER_KEY and retriever.stats.malformed_results == 3
@@ -167,12 +167,12 @@ def test_serper_sends_the_key_and_never_stores_it(web, fresh, tmp_path, caplog):
 
 
 def test_a_cached_query_makes_no_http_call(web, fresh, tmp_path):
-    first = fresh()
+    first = fresh(options="previews=page")
     expected = first.search([FRANCE, "rome"], k=5)
     assert web.paths("/search") == ["/search", "/search"]
     assert not list((tmp_path / "cache").rglob("*.tmp"))  # atomic writes leave no temp files
     web.requests.clear()
-    again = fresh()  # a new process would see the same: memory is empty, the disk cache is not
+    again = fresh(options="previews=page")  # a new process would see the same: memory is empty, the disk cache is not
     assert again.search([FRANCE, "rome", FRANCE], k=5) == [expected[0], expected[1], expected[0]]
     assert [(h.row, h.id) for h in again.search(["rome"], k=5)[0]] == [(h.row, h.id) for h in expected[1]]
     assert sorted(web.requests) == [("GET", "/page/doc.pdf"), ("GET", "/page/missing")]  # failures: not cached
@@ -210,7 +210,7 @@ def test_refusals_raise_a_clear_error(fresh, monkeypatch):
 def test_pages_on_non_public_hosts_are_refused_by_default(web, fresh):
     """The fake web's result pages are on 127.0.0.1: without private_pages none is fetched, each
     candidate is its snippet, and every refusal is recorded (the search API itself is on loopback too)."""
-    retriever = fresh(options="private_pages=false")
+    retriever = fresh(options="private_pages=false&previews=page")
     (hits,) = retriever.search([FRANCE], k=3)
     assert [h.text for h in hits] == ["Paris is the capital of France", "France statistics in a PDF",
                                       "a page that no longer exists"]
@@ -284,7 +284,7 @@ def test_rate_limiter_reserves_slots_for_threads_in_turn():
 def test_the_retriever_waits_through_its_limiters(fresh):
     calls = []
     limiter = type("Limiter", (), {"acquire": lambda self: calls.append(1) or 0.5})()
-    retriever = fresh(search_limiter=limiter, fetch_limiter=limiter)
+    retriever = fresh(options="previews=page", search_limiter=limiter, fetch_limiter=limiter)
     retriever.search(["rome"], k=2)
     assert len(calls) == 2 and retriever.stats.waited_seconds == 1.0  # one search, one page
 
@@ -304,19 +304,22 @@ def responder(prompt: str) -> str:
     return f"<think>I should look this up.</think><search>{FRANCE}</search>"
 
 
-def test_seeds_o1_runs_end_to_end_over_the_web(web, fresh):
-    retriever = fresh()
+@pytest.mark.parametrize("previews, chunks, pages", [("snippet", ("page", "page"), 2), ("page", ("1", "0"), 5)])
+def test_seeds_o1_runs_end_to_end_over_the_web(web, fresh, previews, chunks, pages):
+    """Snippet previews (the paper's) fetch the two opened pages only; page previews all five."""
+    retriever = fresh(options=f"previews={previews}")
     example = QAExample("q0", "What is the capital of France?", ("Paris",))
     llm = FakeLLM(responder)
     (record,) = run_questions_sync(methods.get("seeds-o1"), [example], llm, retriever,
                                    methods.get("seeds-o1").env_config({"candidates_per_search": 5}))
     assert record["prediction"] == "Paris" and record["metrics"]["em"] == 1.0, record["trace"]
     (search,) = record["searches"]
-    assert search["expanded_ids"] == [f"{web.url}/page/paris.html#1", f"{web.url}/page/rome.html#0"]
+    assert search["expanded_ids"] == [f"{web.url}/page/paris.html#{chunks[0]}", f"{web.url}/page/rome.html#{chunks[1]}"]
     reader = next(p for p in llm.prompts if "Final Information:" in p)
     assert "largest city of France" in reader and "Rome is the capital of Italy" in reader
     assert [p.text for p in retriever.passages(search["expanded_ids"])][1].startswith("Rome is the capital")
     assert record["docs_read"] == 2
+    assert record["pages_fetched"] == pages == len(web.paths("/page")) and record["page_failures"] == 0
 
 
 def test_env_distractors_draw_from_web_passages(fresh):
@@ -326,7 +329,7 @@ def test_env_distractors_draw_from_web_passages(fresh):
     env.reset(seed=0, options={"example": QAExample("q", "Rome?", ("Rome",))})
     *_, info = env.step("<search>rome</search>")
     (shown,) = info["search"]["ids"]
-    assert info["search"]["distractor"] == [True] and shown != f"{retriever.config.url}/page/rome.html#0"
+    assert info["search"]["distractor"] == [True] and shown != f"{retriever.config.url}/page/rome.html#page"
     assert retriever.corpus[retriever.corpus.row_of(shown)].id == shown
 
 
@@ -353,6 +356,8 @@ def test_the_eval_recipe_names_a_valid_web_spec():
     config = parse_web_spec(args.retriever)
     assert (args.method, config.engine, config.url, config.results) == ("seeds-o1", "searxng",
                                                                         "http://127.0.0.1:8888", 10)
+    assert (config.previews, config.reader_chars) == ("snippet", 3000)  # the paper's live-web reading
+    assert ev.build_env(args, methods.get("seeds-o1")).max_obs_tokens == 8000  # room for ten opened pages
 
 
 def test_the_loopback_guard_refuses_other_hosts():

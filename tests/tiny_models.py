@@ -8,8 +8,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from methods.prompts import r1
+from scripts.box_world import random_llama
 from tests.conftest import PASSAGES
-from training.box_world import random_llama
 
 STATES = ["?\n", "</snapshot>\n", "</information>\n"]
 TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]

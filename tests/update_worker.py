@@ -74,7 +74,7 @@ def main(out: str) -> int:
     from envs.protocol import judge_token_ids
     from tests.tiny_models import tiny_llama, tiny_tokenizer
     from training.distributed import accelerator_handlers
-    from training.models import wrap_models
+    from training.policy_models import wrap_models
     from training.ppo_score import score
     from training.ppo_setup import Run, prepare_optimization
 

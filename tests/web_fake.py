@@ -4,6 +4,7 @@
 request as ``(method, path)``. Queries pick canned result lists (see ``results_for``); words in the
 query trigger failures: ``boom`` (HTTP 500), ``notjson`` (an HTML body), ``denied`` (HTTP 403),
 ``slow`` (answers after ``SLOW_SECONDS``), ``malformed`` (bad result entries), ``empty`` (no results).
+:meth:`FakeWeb.page_fetches` counts the HTTP requests for result pages (a test of what was fetched).
 """
 from __future__ import annotations
 
@@ -29,12 +30,24 @@ been Paris since the tenth century.</p><p>{FILLER * 4}</p></main>
 ROME = """<html><head><title>Rome</title></head><body><p>Rome is the capital of Italy. It was founded,
 according to legend, in 753 BC.</p></body></html>"""
 PLAIN = "Berlin is the capital of Germany.\nIt lies on the river Spree."
+EIFFEL = "The Eiffel Tower was completed in 1889 as the entrance arch to the World's Fair in Paris."
+LONG = f"""<html><head><title>Eiffel Tower - Long Read</title></head><body><p>{FILLER * 30}</p>
+<p>{EIFFEL}</p><p>{FILLER * 30}</p></body></html>"""  # the sentence sits ~5,400 characters in
 
 
 def results_for(base: str, query: str) -> list[dict]:
     """Canned results: ``{"url", "title", "snippet"}`` in engine order (none for a query with ``empty``)."""
     if "empty" in query:
         return []
+    if "seine" in query.lower():  # the Paris page again, under another snippet
+        return [{"url": f"{base}/page/paris.html", "title": "Paris on the Seine", "snippet": "on the river Seine"}]
+    if "eiffel" in query.lower():  # snippets that are in the long page: verbatim, shortened with "...", absent
+        return [
+            {"url": f"{base}/page/long.html", "title": "Eiffel Tower", "snippet": EIFFEL},
+            {"url": f"{base}/page/long.html?elided", "title": "Eiffel (elided)",
+             "snippet": "Tower was completed in 1889 ... the World's Fair in Paris"},
+            {"url": f"{base}/page/long.html?nomatch", "title": "Eiffel (no match)", "snippet": "zeppelin hangar"},
+        ]
     if "france" in query.lower():
         return [
             {"url": f"{base}/page/paris.html#history", "title": "Paris", "snippet": "Paris is the capital of France"},
@@ -62,6 +75,10 @@ class FakeWeb:
 
     def paths(self, prefix: str = "") -> list[str]:
         return [path for _, path in self.requests if path.startswith(prefix)]
+
+    def page_fetches(self) -> int:
+        """HTTP requests made for result pages (everything under ``/page/``) since the last clear."""
+        return len(self.paths("/page/"))
 
     def close(self) -> None:
         self.server.shutdown()
@@ -120,6 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
         pages = {"/page/paris.html": (PARIS.encode(), "text/html; charset=utf-8"),
                  "/page/rome.html": (ROME.encode(), "text/html"),
                  "/page/plain.txt": (PLAIN.encode(), "text/plain; charset=utf-8"),
+                 "/page/long.html": (LONG.encode(), "text/html; charset=utf-8"),
                  "/page/doc.pdf": (b"%PDF-1.4 binary", "application/pdf")}
         if parts.path in pages:
             return self._send(200, *pages[parts.path])

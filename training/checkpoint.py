@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from envs.atomic import write_json_atomic
-from training.models import load_trainable_state_dict, trainable_state_dict
+from training.policy_models import load_trainable_state_dict, trainable_state_dict
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^update_(\d+)$")
@@ -229,7 +229,7 @@ def export_hf(actor: torch.nn.Module, tokenizer: Any, directory: str | os.PathLi
     """Write the policy as a Hugging Face folder (atomically), for
     ``python -m inference.evaluate --method seeds-r1 --llm hf:<directory>``.
 
-    ``actor``: a :class:`training.models.PolicyModel` or a (peft) causal LM. With LoRA and
+    ``actor``: a :class:`training.policy_models.PolicyModel` or a (peft) causal LM. With LoRA and
     ``merge_lora`` the adapter is merged into a copy of the weights (the actor is untouched);
     ``merge_lora=False`` writes the adapter only (peft's format; it needs the base model).
     """

@@ -13,6 +13,7 @@ from typing import Any
 
 from envs.config import EnvConfig
 from envs.typed_config import (  # noqa: F401  (re-exported: the loader every entry point uses)
+    OVERRIDES,
     ConfigError,
     from_dict,
     help_text,
@@ -32,8 +33,8 @@ POLICY_LOSSES = ("ppo", "gspo")  # PPOConfig.policy_loss (docs/rl_algorithms.md,
 @dataclass
 class LoraSettings:
     enabled: bool = True  # False: full fine-tune of the actor and the critic
-    r: int = 16
-    alpha: int = 32
+    r: int = 16  # LoRA rank (of each adapter's low-rank update)
+    alpha: int = 32  # LoRA scaling: the update is multiplied by alpha / r
     dropout: float = 0.0  # > 0 makes old and new log-probs differ by dropout noise alone
     target_modules: list[str] | str = field(  # a list of module names, or peft's "all-linear"
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -78,13 +79,14 @@ class PPOConfig:
     sft_checkpoint: str | None = None  # HF folder of the SFT policy (actor init and KL reference)
     sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
     require_sft_checkpoint: bool = False  # true: refuse to start without sft_checkpoint (no quick warm start)
-    sft: dict[str, Any] = field(default_factory=dict)  # WarmStartConfig overrides for it (--sft.epochs 1)
+    sft: dict[str, Any] = field(  # WarmStartConfig overrides for it (--sft.epochs 1)
+        default_factory=dict, metadata={OVERRIDES: "training.sft_config:WarmStartConfig"})
     # reuse a warm start trained from the same inputs, and its greedy evaluation before PPO, from an
     # earlier run (the seeds-rl cache; keys over config, data, code and versions: training/warm_start_cache.py)
     cache_warm_start: bool = True
     dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it; "native": bf16 also on bf16 CPUs
-    trust_remote_code: bool = False
-    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False  # let transformers run a hub model's own modelling code
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     # run the actor's frozen bottom layers (below LoRA's lora.top_layers) once per update, not once per
     # PPO epoch (training/frozen_prefix.py); costs B x T x hidden activations of memory per update
     cache_frozen_layers: bool = False
@@ -92,7 +94,7 @@ class PPOConfig:
     # layers over the same tokens (training/rollout_states.py); equal up to float noise, not bit for bit
     reuse_rollout_states: bool = True
     logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
-    lora: LoraSettings = field(default_factory=LoraSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)  # the LoRA adapters of the actor and the critic
     # ---- data
     data: str | None = None  # FlashRAG JSONL training questions; None: generated default questions
     eval_data: str | None = None  # FlashRAG JSONL held-out questions; None: generated (disjoint) ones
@@ -100,58 +102,59 @@ class PPOConfig:
     corpus: str | None = None  # corpus file when it moved since the index was built
     retriever: str | None = None  # retrieval server URL (python -m envs.retrieval.server) to use instead of `index`
     train_questions: int = 512  # generated default questions (or the first N of `data`; 0 = all)
-    question_seed: int = 0
-    eval_questions: int = 32  # 0: no evaluation before/after training
+    question_seed: int = 0  # seed of the generated default training questions
+    eval_questions: int = 32  # held-out questions; 0: no evaluation before/after training
     eval_seed: int = 1000  # generated held-out questions; any that repeat a training question are dropped
     # ---- environment
     env_config: str | None = "configs/env/seeds_r1.yaml"  # YAML recipe; None: EnvConfig() defaults
-    env: dict[str, Any] = field(default_factory=dict)  # overrides of EnvConfig fields (--env.max_actions 6)
+    env: dict[str, Any] = field(  # overrides of EnvConfig fields (--env.max_actions 6)
+        default_factory=dict, metadata={OVERRIDES: EnvConfig})
     # ---- rollout
-    questions_per_update: int = 8  # global (all processes together)
-    samples_per_question: int = 2
+    questions_per_update: int = 8  # questions per update, global (all processes together)
+    samples_per_question: int = 2  # episodes rolled out per question (the group of grpo / rloo)
     num_envs: int = 16  # episodes stepped together (one retrieval call per step)
     rollout_engine: str = "hf"  # "hf": transformers over the live actor; "vllm": vLLM, weights synced each update
-    vllm: VLLMSettings = field(default_factory=VLLMSettings)  # used when rollout_engine == "vllm"
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)  # the vLLM engine, used when rollout_engine == "vllm"
     rollout_batch_size: int = 16  # rows per HF generation batch
     rollout_merge_lora: bool = True  # HF engine + LoRA: roll out on a merged copy (faster; synced every update)
     # rollout sampling temperature τ > 0; the trainer's old, new and reference log-probs (and the entropy)
-    # are those of softmax(z / τ) too, the distribution sampled from (README, "Temperature and top_p")
+    # are those of softmax(z / τ) too, the distribution sampled from (docs/training.md, "Temperature and top_p")
     temperature: float = 1.0
     # judgement form: verdicts drawn among the yes/no tokens (rollouts, evaluation, loss)
     constrain_verdicts: bool = True
     # < 1: nucleus sampling. The sampler's μ is then not π_old = softmax(z / τ): refused with
     # old_logprobs: sampler (recompute, with tis: token correcting μ → π_old)
     top_p: float = 1.0
-    max_turn_tokens: int = 256
-    max_context_tokens: int = 4096
+    max_turn_tokens: int = 256  # new tokens at most per model turn
+    max_context_tokens: int = 4096  # whole-episode cap (prompt + turns + observations + EOS)
     # ---- PPO
-    updates: int = 20
-    ppo_epochs: int = 1
+    updates: int = 20  # PPO updates (rollout, then optimizer steps) in the run
+    ppo_epochs: int = 1  # passes over each update's episodes
     mini_batches: int = 1  # optimizer steps per PPO epoch
     micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a mini-batch)
     # > 0: micro-batches cut by padded tokens instead (rows x the longest <= this; a longer row alone), as
     # verl's use_dynamic_bsz: short rows share a pass, long ones are not padded to each other (DDP; not DeepSpeed)
     micro_batch_tokens: int = 0
-    lr_actor: float = 1e-6
-    lr_critic: float = 1e-5
+    lr_actor: float = 1e-6  # the actor's learning rate
+    lr_critic: float = 1e-5  # the critic's learning rate
     warmup_updates: int = 0  # linear learning-rate warm-up (in optimizer steps of the actor/critic)
-    weight_decay: float = 0.0
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None  # e.g. 3.0
+    weight_decay: float = 0.0  # AdamW weight decay (actor and critic)
+    clip_low: float = 0.2  # ratio clip below: ratios under 1 − clip_low are clipped
+    clip_high: float = 0.2  # ratio clip above: ratios over 1 + clip_high are clipped (DAPO's clip-higher when larger)
+    dual_clip: float | None = None  # PPO dual clip c > 1 (e.g. 3.0) on negative advantages; None: off
     # "ppo": per-token ratio clip; "gspo": GSPO's sequence ratio (length-normalised), clipped per sequence
     # (training/policy_losses.py). GSPO's paper uses loss_agg: seq_mean_token_mean and clip_low 3e-4, clip_high 4e-4
     policy_loss: str = "ppo"
-    value_clip: float | None = 0.5
-    vf_coef: float = 1.0
-    entropy_coef: float = 0.001
-    kl_coef: float = 0.001
+    value_clip: float | None = 0.5  # clip of the critic's new values around the old ones; None: no value clipping
+    vf_coef: float = 1.0  # weight of the critic's value loss
+    entropy_coef: float = 0.001  # weight of the entropy bonus in the actor's loss
+    kl_coef: float = 0.001  # β, the weight of the KL to the reference (SFT) policy (initial β with kl_target)
     kl_mode: str = "reward"  # "reward": −β·KL in the token rewards; "loss": β·KL added to the loss
     # adaptive KL controller (Ziegler et al. 2019; training/kl_control.py): kl_coef is the initial β, moved
     # after each update toward a measured KL of kl_target over kl_horizon episodes; null: β = kl_coef fixed.
     # Not target_kl (the early stop of an update's optimizer steps)
     kl_target: float | None = None
-    kl_horizon: int = 10000
+    kl_horizon: int = 10000  # adaptive KL controller: episodes over which β moves toward kl_target
     # k1 | k2 | k3 | exact. As a loss (kl_mode: loss) k2's gradient is that of KL(π‖π_ref) and k3's that of
     # KL(π_ref‖π); k1's expected gradient is 0 (refused). "exact": the two-way verdicts' exact KL(π‖π_ref) over
     # yes/no, no sampling variance (kl_tokens: verdicts with constrained verdicts only). docs/rl_algorithms.md
@@ -163,30 +166,30 @@ class PPOConfig:
     # "sampler": the rollout's own log-probs (one forward pass fewer; exact when the sampler runs the
     # trainer's weights in the trainer's precision, as the HF engine does; the gap is still logged)
     old_logprobs: str = "recompute"
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: float = 1.0  # discount factor of the token rewards
+    lam: float = 1.0  # GAE λ (advantage: gae)
     # gae (critic) | grpo | rloo | reinforce | reinforce_pp | reinforce_pp_baseline (docs/rl_algorithms.md)
     advantage: str = "gae"
     grpo_std_normalize: bool = True  # grpo: divide by the group's std (false: Dr. GRPO)
     # how per-token losses become one: token_mean | seq_mean_token_mean | seq_mean_token_sum |
     # seq_mean_token_sum_norm (divides by loss_agg_norm_tokens, a constant; null: max_context_tokens)
     loss_agg: str = "token_mean"
-    loss_agg_norm_tokens: int | None = None
-    # off-policy correction of the sampler against the trainer's recomputed old log-probs, w = exp(old − sampler):
-    # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap]).
-    # With top_p < 1 it also corrects the nucleus μ → π_old (the HF sampler's log-probs are μ's)
+    loss_agg_norm_tokens: int | None = None  # seq_mean_token_sum_norm's constant divisor; None: max_context_tokens
     # DAPO dynamic sampling: drop questions whose samples all got the same reward, refill with up to
     # dynamic_sampling_max_rounds extra rollout rounds of new questions (logged: dynamic_groups_dropped, ...)
     dynamic_sampling: bool = False
-    dynamic_sampling_max_rounds: int = 2
+    dynamic_sampling_max_rounds: int = 2  # dynamic_sampling: extra rollout rounds at most to refill dropped questions
     # DAPO overlong reward shaping: episodes with more than overlong_max_tokens − overlong_buffer model tokens
     # lose up to 1 (linearly; −1 past overlong_max_tokens). overlong_buffer 0: off
     overlong_buffer: int = 0
-    overlong_max_tokens: int = 1024
+    overlong_max_tokens: int = 1024  # overlong shaping: model tokens past which an episode loses the full 1
+    # off-policy correction of the sampler against the trainer's recomputed old log-probs, w = exp(old − sampler):
+    # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap]).
+    # With top_p < 1 it also corrects the nucleus μ → π_old (the HF sampler's log-probs are μ's)
     tis: str = "none"
-    tis_mode: str = "truncate"
-    tis_cap: float = 2.0
-    tis_low: float = 0.5
+    tis_mode: str = "truncate"  # tis: "truncate" (w = min(w, tis_cap)) or "mask" (drop w outside [tis_low, tis_cap])
+    tis_cap: float = 2.0  # tis: upper bound of the importance weight
+    tis_low: float = 0.5  # tis mask mode: lower bound of the importance weight
     # judgement form: each verdict token's advantage also gets its candidate's own selection term as an
     # exact two-choice advantage, (1 − π(chosen))·(r(chosen) − r(other)), scaled to unit RMS over the
     # batch's verdicts and multiplied by this coefficient (0: verdicts share the episode's advantage only)
@@ -204,21 +207,28 @@ class PPOConfig:
     # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce, reinforce_pp_baseline)
     answer_credit: str = "episode"
     critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # gradient-norm clip of each optimizer step
     # end an update's optimizer steps after the first mini-batch whose KL(old ‖ current), measured in its
     # forward pass before its step, exceeds this, text and verdict tokens apart (training/kl_stop.py);
     # None: every ppo_epochs × mini_batches step is taken
     target_kl: float | None = None
     # ---- run
-    seed: int = 0
-    output_dir: str = "runs/ppo-default"
+    seed: int = 0  # seed of the run (sampling, shuffling, initialisation)
+    output_dir: str = "runs/ppo-default"  # run folder: config.yaml, checkpoints, metrics.jsonl, eval.json, final_hf
     save_every: int = 10  # updates between checkpoints (and one at the end)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # checkpoints kept in output_dir (older ones are deleted)
     resume: bool = False  # continue from the latest checkpoint in output_dir
     export: bool = True  # write output_dir/final_hf (LoRA merged) at the end
+    # the update whose policy is exported to final_hf (None: the last). SEEDS §E.3 trains 500 updates and
+    # reports the step-450 checkpoint: export_update 450 writes final_hf after update 450 and training goes on
+    # to ``updates`` (its later weights stay in the checkpoints; the evaluation after PPO is of the last policy)
+    export_update: int | None = None
     log_samples: int = 1  # trajectories printed / written to samples.jsonl per update
+    # a greedy evaluation on the held-out questions every this many updates (0: only before and after PPO),
+    # logged in metrics.jsonl as eval/<metric> and drawn in curves.png: where the policy goes between the two
+    eval_every: int = 0
     report_to: str = "none"  # "none" | "wandb" (offline without WANDB_API_KEY)
-    wandb_project: str = "seeds-rl"
+    wandb_project: str = "seeds-rl"  # W&B project (report_to: wandb)
 
     def __post_init__(self) -> None:
         check_env_overrides(self.env)
@@ -242,6 +252,8 @@ class PPOConfig:
                                       or self.dynamic_sampling_max_rounds < 0):
             raise ConfigError("dynamic_sampling needs samples_per_question >= 2 and >= mini_batches (a kept question "
                               "must fill every mini-batch) and dynamic_sampling_max_rounds >= 0")
+        if self.eval_every < 0:
+            raise ConfigError("eval_every must be at least 0 (0: evaluate only before and after PPO)")
         check_kl(self)
         check_policy_loss_and_kl_control(self)
         check_sampling(self)
@@ -255,6 +267,8 @@ class PPOConfig:
             raise ConfigError("importance sampling bounds need 0 < tis_low <= 1 <= tis_cap")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ConfigError("target_kl must be > 0 (or null: no early stop)")
+        if self.export_update is not None and not 1 <= self.export_update <= self.updates:
+            raise ConfigError(f"export_update must be in [1, updates={self.updates}] (or null: the last update)")
         if self.verdict_credit < 0:
             raise ConfigError("verdict_credit must be at least 0")
         if self.verdict_episode_credit < 0:

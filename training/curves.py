@@ -2,8 +2,11 @@
 
     python -m training.curves runs/ppo_default
 
-Six panels, one point per PPO update (the training rollouts, sampled): reward, EM, selection
-precision, KL to the reference, policy entropy and the critic's explained variance. Updates that
+Nine panels, one point per PPO update (the training rollouts, sampled): reward, EM, selection
+precision, recall (positives opened / positives shown), documents read per question, the verdicts'
+AUC of π(yes), KL to the reference, policy entropy and the critic's explained variance (the paper's
+Fig. 7 is the first five). With ``eval_every``, the greedy held-out evaluations made on the way
+(``eval/<metric>`` in metrics.jsonl) are drawn as squares joined by a dashed line. Updates that
 trained the critic only (``critic_only``) are shaded; their entropy is NaN and shows as a gap.
 The held-out evaluations (greedy) of ``eval.json`` are drawn as two markers on the panels whose
 metric they report: "before" just left of the first update, "after" at the last one.
@@ -48,7 +51,7 @@ if __package__ in (None, ""):  # `python training/curves.py RUN_DIR`
 
 from envs.atomic import atomic_write
 from envs.bootstrap import bootstrap_interval as shared_bootstrap_interval
-from training.policy_eval import CORE_OUTCOME_KEYS, STATISTICS
+from training.policy_eval import CORE_OUTCOME_KEYS, OPTIONAL_OUTCOME_KEYS, STATISTIC_KEYS, STATISTICS
 
 METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = "eval.json"
@@ -60,18 +63,25 @@ PANELS = (
     ("reward_mean", "reward"),
     ("em", "EM"),
     ("selection_precision", "selection precision"),
+    ("open_rate_positive", "recall (positives opened / shown)"),
+    ("docs_read_per_question", "documents read per question"),
+    ("verdict_auc", "verdict AUC of π(yes)"),
     ("kl", "KL to reference"),
     ("entropy", "entropy"),
     ("explained_variance", "explained variance (critic)"),
 )
+# the greedy held-out evaluations made on the way (``eval_every``): ``eval/<metric>`` in metrics.jsonl
+PERIODIC_PREFIX = "eval/"
 
 # the statistic of training.policy_eval (eval.json's comparison / per_question) behind a panel's metric
-STATISTIC_OF_METRIC = {"reward_mean": "reward", "em": "em", "selection_precision": "precision"}
+STATISTIC_OF_METRIC = {"reward_mean": "reward", "em": "em", "selection_precision": "precision",
+                       "open_rate_positive": "recall", "docs_read_per_question": "docs"}
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_LEVEL = 0.95
 
 TRAIN_COLOR = "tab:blue"
 EVAL_COLORS = {"before": "tab:orange", "after": "tab:green"}
+PERIODIC_COLOR = "tab:purple"
 
 
 class RunFileError(ValueError):
@@ -133,19 +143,20 @@ def evaluation_value(evaluation: dict, side: str, metric: str) -> float:
 
 
 def question_outcomes(evaluation: dict, side: str) -> dict[str, np.ndarray] | None:
-    """One side's per-question outcome arrays (the core ones, which every ``eval.json`` has), or None
-    unless every outcome is a list of finite numbers, all of the same non-zero length."""
+    """One side's per-question outcome arrays (the core ones, which every ``eval.json`` has, and the
+    optional ones it recorded), or None unless every outcome is a list of finite numbers, all of the
+    same non-zero length."""
     blocks = evaluation.get("per_question")
     block = blocks.get(side) if isinstance(blocks, dict) else None
     if not isinstance(block, dict):
         return None
-    columns = [block.get(key) for key in CORE_OUTCOME_KEYS]
+    keys = [*CORE_OUTCOME_KEYS, *(key for key in OPTIONAL_OUTCOME_KEYS if isinstance(block.get(key), list))]
+    columns = [block.get(key) for key in keys]
     if not all(isinstance(column, list) and column for column in columns):
         return None
     if len({len(column) for column in columns}) != 1:
         return None
-    arrays = {key: np.array([finite_or_nan(value) for value in column])
-              for key, column in zip(CORE_OUTCOME_KEYS, columns)}
+    arrays = {key: np.array([finite_or_nan(value) for value in column]) for key, column in zip(keys, columns)}
     return None if any(np.isnan(array).any() for array in arrays.values()) else arrays
 
 
@@ -159,7 +170,9 @@ def evaluation_interval(evaluation: dict, side: str, metric: str) -> tuple[float
     """The error bar of one marker, when eval.json has that side's per-question outcomes."""
     statistic = STATISTIC_OF_METRIC.get(metric)
     outcomes = question_outcomes(evaluation, side) if statistic else None
-    return None if outcomes is None else bootstrap_interval(outcomes, statistic)
+    if outcomes is None or not all(key in outcomes for key in STATISTIC_KEYS[statistic]):
+        return None
+    return bootstrap_interval(outcomes, statistic)
 
 
 def evaluation_difference(evaluation: dict, metric: str) -> tuple[float, float, float] | None:
@@ -206,6 +219,17 @@ def draw_training_curve(axis, records: list[dict], metric: str) -> bool:
     return True
 
 
+def draw_periodic_evaluations(axis, records: list[dict], metric: str) -> bool:
+    """The greedy held-out evaluations made every ``eval_every`` updates, joined by a dashed line;
+    False when no record has one for this metric."""
+    points = [(record["update"], finite_or_nan(record.get(PERIODIC_PREFIX + metric))) for record in records]
+    points = [(update, value) for update, value in points if not math.isnan(value)]
+    if not points:
+        return False
+    axis.plot(*zip(*points), "s--", color=PERIODIC_COLOR, linewidth=1, markersize=5, zorder=2)
+    return True
+
+
 def draw_evaluation(axis, evaluation: dict, metric: str, positions: dict[str, float]) -> bool:
     """The before/after markers (with interval bars when given); False when neither side has the metric."""
     drawn = False
@@ -234,6 +258,7 @@ def draw_panel(axis, metric: str, title: str, records: list[dict], evaluation: d
     for first, last in spans:
         axis.axvspan(first - 0.5, last + 0.5, color="0.85", zorder=0)
     has_curve = draw_training_curve(axis, records, metric)
+    has_curve = draw_periodic_evaluations(axis, records, metric) or has_curve
     has_eval = evaluation is not None and draw_evaluation(axis, evaluation, metric,
                                                           evaluation_positions(records))
     if not (has_curve or has_eval):
@@ -248,6 +273,9 @@ def legend_handles(records: list[dict], evaluation: dict | None, spans: list) ->
     handles = []
     if records:
         handles.append(Line2D([], [], color=TRAIN_COLOR, marker=".", label="training rollouts (per update)"))
+    if any(key.startswith(PERIODIC_PREFIX) for record in records for key in record):
+        handles.append(Line2D([], [], color=PERIODIC_COLOR, marker="s", linestyle="--",
+                              label="held-out eval on the way (greedy, eval_every)"))
     for side in EVAL_SIDES:
         if evaluation is not None and isinstance(evaluation.get(side), dict):
             bars = " (95% bootstrap interval)" if question_outcomes(evaluation, side) is not None else ""
@@ -269,10 +297,10 @@ def figure_title(run_dir: Path, records: list[dict], evaluation: dict | None) ->
 
 
 def build_figure(run_dir: Path, records: list[dict], evaluation: dict | None) -> Figure:
-    figure = Figure(figsize=(14, 8), layout="constrained")
+    figure = Figure(figsize=(14, 11), layout="constrained")
     FigureCanvasAgg(figure)
     spans = critic_only_spans(records)
-    axes = figure.subplots(2, 3, sharex=True)
+    axes = figure.subplots(3, 3, sharex=True)
     for axis, (metric, title) in zip(axes.ravel(), PANELS):
         draw_panel(axis, metric, title, records, evaluation, spans)
     for axis in axes[-1]:

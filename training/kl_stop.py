@@ -2,13 +2,13 @@
 
 PPO's clip bounds each token's ratio in the loss, not how far Adam moves the weights in
 ``ppo_epochs × mini_batches`` steps: with a large learning rate the steps can overshoot along a
-direction every row shares (README "Training SEEDS-R1": one update at lr 1e-3 took π(yes) from 0.30
-to 0.06 for every candidate). ``target_kl`` (CleanRL, Stable-Baselines3) measures, in each
-mini-batch's own forward pass before its step, k3 of KL(old ‖ current) over that mini-batch's
-model tokens, and ends the update after the step of the first mini-batch where it exceeds the
-target. Verdict tokens (``choice_mask``: a one-token yes/no choice) and the rest of the model's
-tokens are measured apart, since the ~100 one-token verdicts of a batch would vanish in the mean over
-its ~1,000 text tokens; either one past the target stops.
+direction every row shares (experiments/seeds_r1_runs.md, "What collapses is the step, not the
+credit": one update at lr 1e-3 took π(yes) from 0.30 to 0.06 for every candidate). ``target_kl``
+(CleanRL, Stable-Baselines3) measures, in each mini-batch's own forward pass before its step, k3 of
+KL(old ‖ current) over that mini-batch's model tokens, and ends the update after the step of the
+first mini-batch where it exceeds the target. Verdict tokens (``choice_mask``: a one-token yes/no
+choice) and the rest of the model's tokens are measured apart, since the ~100 one-token verdicts of
+a batch would vanish in the mean over its ~1,000 text tokens; either one past the target stops.
 """
 from __future__ import annotations
 

@@ -28,15 +28,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from envs.bootstrap import PairedDifference, Statistic, mean_of, pooled_ratio
+from envs.bootstrap import PairedDifference, Statistic, mean_of, pooled_f1, pooled_ratio
 from envs.bootstrap import paired_bootstrap as shared_paired_bootstrap
-from training.reader_study import answer_source, opened_and_shown
+from training.reader_study import answer_source, copies_question, opened_and_shown
 
 CORE_OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")  # in every eval.json
 REWARD_PART_KEYS = ("selection_reward", "format_reward")  # recorded since 2026-12-03
-READING_KEYS = ("opened_any", "answered_first_opened")  # recorded since 2026-12-04 (README run 36)
+READING_KEYS = ("opened_any", "answered_first_opened")  # recorded since 2026-12-04 (experiments r36, experiments/reader_study.md)
 SHOWN_KEYS = ("positives_shown",)  # recorded since 2026-12-05: the denominator of recall
-OPTIONAL_OUTCOME_KEYS = REWARD_PART_KEYS + READING_KEYS + SHOWN_KEYS  # read where an eval.json has them
+COPY_KEYS = ("copied_question",)  # recorded since 2026-12-06: the answer is mostly the question's words
+OPTIONAL_OUTCOME_KEYS = REWARD_PART_KEYS + READING_KEYS + SHOWN_KEYS + COPY_KEYS  # read where an eval.json has them
 OUTCOME_KEYS = CORE_OUTCOME_KEYS + OPTIONAL_OUTCOME_KEYS
 
 
@@ -53,6 +54,8 @@ def question_outcomes(episodes: Sequence) -> dict[str, np.ndarray]:
         "opened_any": np.array([bool(opened_and_shown(e.info)[0]) for e in episodes], dtype=np.float64),
         "answered_first_opened": np.array([answer_source(e.info) == "first_opened" for e in episodes],
                                           dtype=np.float64),
+        "copied_question": np.array([copies_question(str(e.info.get("answer") or ""), e.info.get("question", ""))
+                                     for e in episodes], dtype=np.float64),
     }
 
 
@@ -99,13 +102,15 @@ def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
 
 # each statistic and the per-question outcomes it reads: one key, its mean over questions; two keys
 # (numerator, denominator), their pooled ratio (precision: positives opened / documents read; recall:
-# positives opened / positives shown, inference.compare's open_rate_positive)
+# positives opened / positives shown, inference.compare's open_rate_positive); three keys (hits, selected,
+# relevant), the pooled F1 of the selection (f1: the harmonic mean of the pooled precision and recall)
 STATISTIC_KEYS: dict[str, tuple[str, ...]] = {
     "reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),
-    "recall": ("positives_opened", "positives_shown"), "selection": ("selection_reward",), "format": ("format_reward",),
-    "reading": ("answered_first_opened", "opened_any")}
-STATISTICS: dict[str, Statistic] = {name: mean_of(*keys) if len(keys) == 1 else pooled_ratio(*keys)
-                                    for name, keys in STATISTIC_KEYS.items()}
+    "recall": ("positives_opened", "positives_shown"), "f1": ("positives_opened", "docs_read", "positives_shown"),
+    "docs": ("docs_read",), "selection": ("selection_reward",), "format": ("format_reward",),
+    "reading": ("answered_first_opened", "opened_any"), "copy": ("copied_question",)}
+_STATISTIC_KINDS = {1: mean_of, 2: pooled_ratio, 3: pooled_f1}
+STATISTICS: dict[str, Statistic] = {name: _STATISTIC_KINDS[len(keys)](*keys) for name, keys in STATISTIC_KEYS.items()}
 
 
 def statistics_of(*outcomes: dict[str, np.ndarray]) -> list[str]:
@@ -127,10 +132,17 @@ def compare_runs(before: dict[str, np.ndarray], after: dict[str, np.ndarray], re
 
 
 def result_line(comparison: dict[str, dict[str, float]]) -> str:
-    """The trainer's machine-readable last line."""
+    """The trainer's machine-readable last line: reward and precision, then the selection profile
+    (recall, selection F1 with its interval, documents read per question) where the evaluations have it."""
     r, p = comparison["reward"], comparison["precision"]
-    return (f"reward_before={r['before']:.4f} reward_after={r['after']:.4f} reward_diff_lo={r['lo']:.4f} "
+    line = (f"reward_before={r['before']:.4f} reward_after={r['after']:.4f} reward_diff_lo={r['lo']:.4f} "
             f"reward_diff_hi={r['hi']:.4f} precision_before={p['before']:.4f} precision_after={p['after']:.4f}")
+    if all(name in comparison for name in ("recall", "f1", "docs")):
+        c, f, d = comparison["recall"], comparison["f1"], comparison["docs"]
+        line += (f" recall_before={c['before']:.4f} recall_after={c['after']:.4f} f1_before={f['before']:.4f} "
+                 f"f1_after={f['after']:.4f} f1_diff_lo={f['lo']:.4f} f1_diff_hi={f['hi']:.4f} "
+                 f"docs_before={d['before']:.4f} docs_after={d['after']:.4f}")
+    return line
 
 
 def gather_lists(accelerator, items: list) -> list:

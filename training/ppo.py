@@ -25,7 +25,8 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
    over the whole mini-batch on all W processes (``token_mean``: a true token mean), plus
    vf_coef · the critic's token-mean value loss;
    the first ``critic_warmup_updates`` updates train the critic only;
-6. log, checkpoint every ``save_every`` updates and at the end.
+6. log, checkpoint every ``save_every`` updates and at the end; with ``export_update`` the policy
+   after that update is exported to ``final_hf`` then (SEEDS reports step 450 of 500), else the last.
 
 The policy is evaluated greedily on held-out questions before and after training. :func:`train`
 reads top to bottom: :func:`training.ppo_setup.set_up` (accelerator, data, warm start, models,
@@ -64,9 +65,9 @@ from training.inputs import REPO_ROOT, next_questions
 from training.kl_control import current_kl_coef
 from training.kl_estimators import kl_penalty
 from training.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
-from training.models import sequence_values
 from training.policy_eval import result_line
 from training.policy_losses import gspo_loss_terms
+from training.policy_models import sequence_values
 from training.ppo_batch import micro_batches, select
 from training.ppo_core import (
     aggregate_loss,
@@ -78,11 +79,21 @@ from training.ppo_core import (
     policy_loss_terms,
     value_loss,
 )
-from training.ppo_report import ROLLOUT_KEYS, format_update_stats, report_before_after, write_update_logs
+from training.ppo_report import (
+    ROLLOUT_KEYS,
+    format_update_stats,
+    periodic_evaluation_due,
+    periodic_stats,
+    report_before_after,
+    sampled_verdict_auc,
+    write_update_logs,
+)
 from training.ppo_score import prefix_of, score
 from training.ppo_setup import Run, evaluate, evaluate_before, set_up
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 from training.rollout_engine import close_rollout_backend, sync_rollout_weights
+from training.selection_profile import selection_verdict
+from training.warm_start_cache import preserved_rng
 
 DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
 
@@ -236,7 +247,7 @@ def _mean(values: list[float]) -> float:
 def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dict, trained: dict,
                  train_actor: bool, timings: dict[str, float]) -> dict[str, float]:
     """The update's metrics, averaged over processes: rollout statistics, KL, entropy, clipping,
-    losses, critic fit, gradient norms, DAPO/TIS figures and timings (README: "Metrics")."""
+    losses, critic fit, gradient norms, DAPO/TIS figures and timings (docs/training.md, "Logged every update")."""
     mask, sums, gap, kl_scope = batch["model_mask"], trained["sums"], trained["gap"], extras["kl_scope"]
     tokens = max(sums["tokens"], 1.0)
     actor_mean = (lambda key: sums[key] / tokens) if train_actor else (lambda key: math.nan)
@@ -269,6 +280,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         "critic_only": float(not train_actor),
         "reused_states": extras["reused_states"],  # share of rows whose frozen-layer states came from the rollout
         "verdict_price": extras["verdict_price"],  # verdict_credit_centred: the batch's price of opening b
+        "verdict_auc": sampled_verdict_auc(episodes, run.models.tokenizer),  # ranking of the sampled verdicts
     })
     stats = reduce_mean(run.accelerator, stats)
     stats.update(update=update + 1, world_size=run.accelerator.num_processes)
@@ -317,6 +329,9 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         timings = {"rollout_s": t_rollout, "weight_sync_s": t_sync, "update_s": time.perf_counter() - t0}
         stats = update_stats(run, update, episodes, batch, {**extras, "dynamic": sampling_stats}, trained,
                              train_actor, timings)
+        if run.eval_examples and periodic_evaluation_due(cfg, update):
+            with preserved_rng():  # the run draws the same numbers whether it evaluates on the way or not
+                stats.update(periodic_stats(evaluate(run)[0]))
         history.append(stats)
         # kl_target: β moves toward the target by this update's KL, over its questions × samples episodes
         run.kl_controller.update(stats["kl_estimate"], cfg.questions_per_update * cfg.samples_per_question)
@@ -331,6 +346,9 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                             schedulers=run.schedulers, state={"data_position": data_position, "seed": cfg.seed,
                                                               "kl_coef": run.kl_controller.value},
                             keep=cfg.keep_checkpoints, accelerator=accelerator)
+        if cfg.export and cfg.export_update == update + 1 and accelerator.is_main_process:
+            folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
+            bar.write(f"[ppo] exported the policy after update {update + 1} (export_update) to {folder}")
     bar.close()
     report = finish(run, eval_start, outcomes_start)
     return {"update": max(cfg.updates, start_update), "data_position": data_position, "eval_start": eval_start,
@@ -347,13 +365,14 @@ def finish(run: Run, eval_start: dict | None, outcomes_start: dict | None) -> di
         eval_end, outcomes_end = evaluate(run)
         report = report_before_after(accelerator, run.out, eval_start, eval_end, outcomes_start, outcomes_end,
                                      cfg.seed, questions=[e.question for e in run.eval_examples])
-    if cfg.export and accelerator.is_main_process:
+    if cfg.export and cfg.export_update is None and accelerator.is_main_process:
         folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
         accelerator.print(f"[ppo] exported the policy to {folder} "
                           f"(python -m inference.evaluate --method seeds-r1 --llm hf:{folder} ...)")
     if accelerator.is_main_process:
         write_curves_or_warn(run.out, log=accelerator.print)
     if report is not None:
+        accelerator.print(f"[ppo] {selection_verdict(report['comparison'])}")
         accelerator.print(result_line(report["comparison"]))
     accelerator.wait_for_everyone()
     close_rollout_backend(run.backend)  # vLLM: shut down before end_training destroys the process group it shares

@@ -28,6 +28,9 @@ ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "selection_precision", 
                 "invalid_per_question", "model_tokens_mean", "episode_tokens_mean", "finish/answer",
                 "finish/action_limit", "finish/context_limit", "finish/error")
 SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
+# the greedy held-out evaluation's figures logged every ``eval_every`` updates as eval/<key> (curves.png)
+PERIODIC_EVAL_KEYS = ("reward_mean", "em", "selection_precision", "open_rate_positive", "docs_read_per_question",
+                      "verdict_auc")
 
 
 def greedy_rollout_config(cfg: PPOConfig) -> RolloutConfig:
@@ -60,6 +63,26 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     if pairs:  # the judgement form judged alone: how the verdicts rank, whatever greedy opens
         stats.update(verdict_ranking(pairs))
     return stats, outcomes
+
+
+def sampled_verdict_auc(episodes: list, tokenizer) -> float:
+    """The AUC of π(yes) for the candidates' labels over the sampled verdicts judged alone of an
+    update's rollouts (how the verdicts rank, apart from what was sampled); NaN without such verdicts."""
+    if tokenizer is None or not any(getattr(e, "verdict_rows", None) for e in episodes):
+        return float("nan")
+    pairs = verdict_scores(episodes, judge_token_ids(tokenizer)[0])
+    return verdict_ranking(pairs)["verdict_auc"] if pairs else float("nan")
+
+
+def periodic_evaluation_due(cfg: PPOConfig, update: int) -> bool:
+    """Whether update ``update`` (0-based) ends with a greedy held-out evaluation (``eval_every``); the
+    last update never does: the evaluation after PPO is that one."""
+    return cfg.eval_every > 0 and (update + 1) % cfg.eval_every == 0 and update + 1 < cfg.updates
+
+
+def periodic_stats(stats: dict) -> dict[str, float]:
+    """A greedy evaluation's figures as the ``eval/<key>`` entries of an update's metrics."""
+    return {f"eval/{key}": float(stats[key]) for key in PERIODIC_EVAL_KEYS if key in stats}
 
 
 def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict, outcomes_start: dict,

@@ -17,7 +17,7 @@ from training.dapo import overlong_penalty
 from training.frozen_prefix import decoder_of, prefix_hidden
 from training.kl_control import current_kl_coef
 from training.kl_estimators import kl_penalty
-from training.models import sequence_values
+from training.policy_models import sequence_values
 from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows, put, select
 from training.ppo_core import importance_weights, token_level_rewards
 from training.ppo_setup import Run

@@ -21,7 +21,7 @@ from training.distributed import check_process_count, configure_deepspeed, make_
 from training.frozen_prefix import frozen_depth
 from training.inputs import load_env_config, load_retriever, load_train_and_held_out
 from training.kl_control import build_kl_controller
-from training.models import build_models, uses_critic
+from training.policy_models import build_models, uses_critic
 from training.ppo_report import evaluate_policy
 from training.rollout_engine import build_rollout_backend, sync_rollout_weights
 from training.trajectories import seeds_r1_prompt_fn

@@ -1,7 +1,7 @@
 """Where the answer term goes: what a policy's answers are made of, and what reading rules could get.
 
 Two measurements on one set of questions in one env (the PPO recipe's held-out questions in its
-env, by :mod:`scripts.reader_study`):
+env, by :mod:`scripts.run_reader_study`):
 
 - :func:`answer_sources`: each episode's answer classified against what the episode showed and
   opened (:data:`ANSWER_SOURCES`): the title of the first passage it opened, of another opened

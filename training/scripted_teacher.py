@@ -1,7 +1,9 @@
 """The scripted SFT teacher: plays SEEDS-R1 episodes and answers from what it READ, never the gold.
 
-- **Queries.** The first query is the question itself. A later query is only ever text the
-  teacher was shown: the title (as the snapshot shows it) of a candidate it did not open. It
+- **Queries.** The first query is written from the question by a named rule (:data:`QUERY_RULES`):
+  ``"question"``, the question itself; ``"quoted"``, the question's quoted clues (the text between
+  double quotes, masks ``___`` dropped) joined, or the question where it quotes nothing. A later
+  query is only ever text the teacher was shown: the title (as the snapshot shows it) of a candidate it did not open. It
   searches again (``second_search``) only when no passage it opened shares a content word with
   the question, picking the unopened candidate whose snapshot line shares the most, and only
   while a search, its expand and the answer still fit the env's action budget.
@@ -95,6 +97,19 @@ def overlap_title_reader(question: str, readings: Sequence[Sequence[OpenedPassag
 
 
 READER_RULES: dict[str, ReaderRule] = {"first_title": first_title_reader, "overlap_title": overlap_title_reader}
+_QUOTED = re.compile(r'"([^"]+)"')
+_MASKS = re.compile(r"\s*_{2,}\s*")
+
+
+def quoted_query(question: str) -> str:
+    """The question's quoted clues, masks dropped, joined by "; " (the question when it quotes
+    nothing): a query that is not a copy of the question's template words."""
+    clues = [" ".join(_MASKS.sub(" ", clue).split()) for clue in _QUOTED.findall(question)]
+    clues = [clue for clue in clues if clue]
+    return "; ".join(clues) if clues else question
+
+
+QUERY_RULES: dict[str, Callable[[str], str]] = {"question": lambda question: question, "quoted": quoted_query}
 
 
 @dataclass(frozen=True)
@@ -108,12 +123,15 @@ class ScriptedTeacherConfig:
     second_search: bool = True  # search a shown candidate's title when nothing read touches the question
     think: bool = True  # a short templated <think> before every action
     reader: str = "first_title"  # a key of READER_RULES
+    query: str = "question"  # the first query's rule, a key of QUERY_RULES
 
     def __post_init__(self) -> None:
         if self.expand not in TEACHER_EXPAND_MODES:
             raise ValueError(f"teacher expand must be one of {TEACHER_EXPAND_MODES}, not {self.expand!r}")
         if self.reader not in READER_RULES:
             raise ValueError(f"teacher reader must be one of {sorted(READER_RULES)}, not {self.reader!r}")
+        if self.query not in QUERY_RULES:
+            raise ValueError(f"teacher query must be one of {sorted(QUERY_RULES)}, not {self.query!r}")
         if self.extra_expand < 0 or self.random_expand < 0:
             raise ValueError("extra_expand and random_expand must be >= 0")
         if self.open_rate is not None and not 0.0 <= self.open_rate <= 1.0:
@@ -169,8 +187,9 @@ class ScriptedTeacher:
         return f"<think>{THINK_TEXTS[key].format(**values)}</think>\n" if self.settings.think else ""
 
     def first(self) -> str:
-        self.searched.append(normalize_answer(self.example.question))
-        return self._think("search") + format_search(self.example.question)
+        query = QUERY_RULES[self.settings.query](self.example.question)
+        self.searched.append(normalize_answer(query))
+        return self._think("search") + format_search(query)
 
     def act(self, observation: str, info: dict) -> str:
         """The next action after an env step that returned ``observation`` and ``info``."""

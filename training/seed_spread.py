@@ -38,6 +38,7 @@ import yaml
 from envs.atomic import write_json_atomic
 from envs.bootstrap import bootstrap_interval, mean_of, multi_run_paired_bootstrap
 from training.policy_eval import CORE_OUTCOME_KEYS, OPTIONAL_OUTCOME_KEYS, STATISTICS, compare_runs, statistics_of
+from training.selection_profile import selection_verdict
 
 
 class RunFolderError(ValueError):
@@ -149,10 +150,19 @@ def spread(runs: list[dict[str, dict[str, np.ndarray]]], resamples: int = 2000, 
 
 
 def summary_line(result: dict) -> str:
-    r, p = result["pooled"]["reward"], result["pooled"]["precision"]
-    return (f"runs={result['runs']} reward_diff={r['diff']:.4f} reward_diff_lo={r['lo']:.4f} "
+    """The machine-readable last line: reward and precision, then the selection profile (recall,
+    selection F1, documents read, answers copying the question) where every run recorded it."""
+    pooled = result["pooled"]
+    r, p = pooled["reward"], pooled["precision"]
+    line = (f"runs={result['runs']} reward_diff={r['diff']:.4f} reward_diff_lo={r['lo']:.4f} "
             f"reward_diff_hi={r['hi']:.4f} precision_diff={p['diff']:.4f} precision_diff_lo={p['lo']:.4f} "
             f"precision_diff_hi={p['hi']:.4f}")
+    for name in ("recall", "f1", "docs", "em", "copy"):
+        if name in pooled:
+            row = pooled[name]
+            line += (f" {name}_before={row['before']:.4f} {name}_after={row['after']:.4f} "
+                     f"{name}_diff_lo={row['lo']:.4f} {name}_diff_hi={row['hi']:.4f}")
+    return line
 
 
 def print_report(folders: list[Path], result: dict) -> None:
@@ -167,6 +177,7 @@ def print_report(folders: list[Path], result: dict) -> None:
         print(f"  {name:9s} {row['before']:.3f} -> {row['after']:.3f}  diff {row['diff']:+.3f} "
               f"[{row['lo']:+.3f}, {row['hi']:+.3f}]  sd {row['diff_sd']:.3f}  "
               f"above 0: {row['runs_above_zero']}/{result['runs']}")
+    print(selection_verdict(result["pooled"]))
     auc = result.get("verdict_auc")
     if auc:
         runs = ", ".join(f"{b:.3f} -> {a:.3f}" for b, a in auc["per_run"])

@@ -21,22 +21,23 @@ SFT_LOSS_AGGS = ("token_mean", "turn_mean")  # training.sft_trainer.model_token_
 class WarmStartConfig:
     """Everything one warm start needs; loadable from YAML (:meth:`from_yaml`), CLI overrides on top."""
 
-    # model
+    # ---- model
     model: str = "gemma3-270m"  # spec for inference.models (packaged name, HF folder, cached hub id)
     dtype: str = "auto"  # float32 on CPU, bf16 on CUDA when supported
-    device: str = "auto"
-    output_dir: str = "runs/sft"
-    seed: int = 0
-    # data
+    device: str = "auto"  # "auto" (CUDA when available), "cpu", "cuda", ...: where the model trains
+    output_dir: str = "runs/sft"  # run folder: config.yaml, trajectories.jsonl, the best model
+    seed: int = 0  # seed of the teacher's coins, the train/dev split and training
+    # ---- data
     data: str | None = None  # QA spec for envs.data.load_qa; None: the embedded default questions
-    split: str = "train"
+    split: str = "train"  # split of a hub dataset given as `data`
     num_questions: int | None = 200  # default questions generated, or the limit for `data` (None: all of it)
     question_seed: int = 1000  # seed of the generated questions (keep it apart from evaluation's seed 0)
     index: str | None = None  # retriever folder; None: the embedded default retriever
-    corpus: str | None = None
+    corpus: str | None = None  # corpus file when it moved since the index was built
     retriever: str | None = None  # retrieval server URL (python -m envs.retrieval.server) to use instead of `index`
-    env: dict = field(default_factory=dict)  # EnvConfig overrides (defaults = SEEDS-R1 limits)
-    # teacher
+    env: dict = field(  # EnvConfig overrides (defaults = SEEDS-R1 limits)
+        default_factory=dict, metadata={typed_config.OVERRIDES: EnvConfig})
+    # ---- teacher
     teacher: str = "scripted"  # "scripted" or "method"
     teacher_expand: str = "random"  # scripted: "random", or the GOLD-GUIDED "positives" (+ extra random)
     teacher_extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
@@ -54,48 +55,50 @@ class WarmStartConfig:
     teacher_second_search: bool = True  # scripted: search a shown title when nothing read touches the question
     teacher_think: bool = True  # scripted: a short <think> before every action
     teacher_reader: str = "first_title"  # scripted: reader rule over the opened passages (READER_RULES)
+    # scripted: the first query's rule (QUERY_RULES): "question" copies the question, "quoted" its quoted clues
+    teacher_query: str = "question"
     # scripted: episodes per question, each on coins of its own: one question read through different opened
     # sets and answered from each, so the answer turn has to look at what was opened (not at the question)
     teacher_samples: int = 1
     teacher_method: str = "seeds-react"  # method teacher: registered method name
     teacher_llm: str | None = None  # method teacher, REQUIRED: backend spec, e.g. vllm:<model>, openai:<served model>
-    teacher_llm_options: dict = field(default_factory=dict)
-    teacher_method_options: dict = field(default_factory=dict)  # merged over the SEEDS-R1 limits
-    teacher_concurrency: int = 32
+    teacher_llm_options: dict = field(default_factory=dict)  # method teacher: backend options (as --llm-option)
+    teacher_method_options: dict = field(default_factory=dict)  # method teacher: options, over the SEEDS-R1 limits
+    teacher_concurrency: int = 32  # method teacher: questions in flight at once
     num_envs: int = 16  # batched env slots (scripted teacher, dev evaluation)
     target_accepted: int | None = None  # collect until this many are accepted (None: one episode per question)
     trajectories: str | None = None  # train from this JSONL instead of collecting
-    dev_fraction: float = 0.1
-    # training
+    dev_fraction: float = 0.1  # share of the accepted trajectories' questions held out as the dev set
+    # ---- training
     # the PPO trainer's LoRA section (enabled: false = full fine-tune); the automatic warm start takes the PPO run's
     lora: LoraSettings = field(default_factory=lambda: LoraSettings(enabled=False, dropout=0.05,
                                                                     target_modules="all-linear"))
     merge_lora: bool = True  # save the best model with the adapter merged in (else the adapter folder)
-    epochs: int = 3
-    learning_rate: float = 1e-5
-    batch_size: int = 4
+    epochs: int = 3  # training epochs over the accepted trajectories
+    learning_rate: float = 1e-5  # peak learning rate (linear schedule after the warm-up)
+    batch_size: int = 4  # rows per device batch
     # batches of rows of similar length (transformers' LengthGroupedSampler): less padding where short rows
     # (verdicts judged alone) train beside whole episodes
     group_by_length: bool = False
-    gradient_accumulation_steps: int = 1
+    gradient_accumulation_steps: int = 1  # batches per optimizer step
     # how labelled tokens are averaged: token_mean (every token the same; a trajectory's ~90-token copied query
     # outweighs its ~10-token answer) or turn_mean (every model turn the same: its tokens share one unit)
     loss_agg: str = "token_mean"
     warmup_ratio: float = 0.05  # fraction of the steps (TrainingArguments.warmup_steps as a float < 1)
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW weight decay
     max_length: int = 4096  # longer trajectories are dropped (never cut: the answer is at the end)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
     cache_frozen_layers: bool = False  # LoRA on the top layers: run the frozen ones once per row, not per epoch
-    logging_steps: int = 5
-    report_to: str = "none"
+    logging_steps: int = 5  # optimizer steps between the Trainer's log lines
+    report_to: str = "none"  # the Trainer's report_to: "none", "wandb", ...
     progress: bool = True  # the Trainer's progress bar
-    # dev evaluation (greedy SEEDS-R1 rollouts after each epoch; best checkpoint kept)
-    dev_eval: bool = True
-    dev_limit: int | None = 100
+    # ---- dev evaluation (greedy SEEDS-R1 rollouts after each epoch; best checkpoint kept)
+    dev_eval: bool = True  # greedy rollouts on the dev questions after each epoch; best epoch kept
+    dev_limit: int | None = 100  # dev questions evaluated at most (None: all of them)
     eval_before: bool = True  # also measure the model before training (logged, never selected)
-    eval_max_turn_tokens: int = 256
-    eval_max_context_tokens: int = 4096
-    eval_batch_size: int = 16
+    eval_max_turn_tokens: int = 256  # dev evaluation: new tokens at most per model turn
+    eval_max_context_tokens: int = 4096  # dev evaluation: whole-episode token cap
+    eval_batch_size: int = 16  # dev evaluation: episodes stepped together
 
     def __post_init__(self) -> None:
         check_env_overrides(self.env)
@@ -126,7 +129,7 @@ class WarmStartConfig:
         return ScriptedTeacherConfig(expand=self.teacher_expand, extra_expand=self.teacher_extra_expand,
                                      random_expand=self.teacher_random_expand, open_rate=self.teacher_open_rate,
                                      second_search=self.teacher_second_search, think=self.teacher_think,
-                                     reader=self.teacher_reader)
+                                     reader=self.teacher_reader, query=self.teacher_query)
 
     @classmethod
     def from_dict(cls, values: dict) -> WarmStartConfig:

@@ -26,7 +26,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from inference.models import ensure_pad_token, load_causal_lm, load_tokenizer
 from training.frozen_prefix import PrefixCache, frozen_depth
-from training.models import lora_config, sequence_logprobs
+from training.policy_models import lora_config, sequence_logprobs
 from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
 from training.sft_config import WarmStartConfig
 from training.trajectories import example_of, seeds_r1_prompt_fn, sft_rows
@@ -169,7 +169,7 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
                   callbacks: Sequence[Any] = ()) -> Any:
     """TRL ``SFTTrainer`` over pre-tokenized rows (``input_ids`` + ``labels``; TRL keeps the labels
     as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``, built
-    as the PPO trainer builds its adapters: :func:`training.models.lora_config`); the loss is
+    as the PPO trainer builds its adapters: :func:`training.policy_models.lora_config`); the loss is
     :func:`model_token_nll` (lm_head on labelled positions only)."""
     peft_config = None
     if config.lora.enabled:
@@ -220,7 +220,7 @@ def model_token_nll(model: Any, input_ids: Any, attention_mask: Any, labels: Any
     ``loss_agg``: ``token_mean`` weighs every labelled token 1 (the sum is the token count);
     ``turn_mean`` weighs each token 1/len(its turn) (:func:`turn_weights`; the sum is the turn count).
     The lm_head runs only on the positions whose next token is labelled
-    (:func:`training.models.sequence_logprobs`), so a 262k vocabulary never yields (B, T, V)
+    (:func:`training.policy_models.sequence_logprobs`), so a 262k vocabulary never yields (B, T, V)
     logits. prefix (B, T, H), prefix_depth: start above the frozen layers (:mod:`training.frozen_prefix`).
     Returns (nll_sum () float32, weight_sum () float32).
     """

@@ -5,7 +5,7 @@ each judged candidate: its label (positive or not), the policy's π(yes) at that
 its words the question shares. It then trains LoRA adapters on the verdict tokens ALONE, with a
 class-balanced logistic loss on the labels, to measure how fast the verdicts could learn. That is the
 best case for PPO's per-verdict credit (``verdict_credit``), with no noise from the other tokens.
-Driven by ``scripts/verdict_signal.py``.
+Driven by ``scripts/run_verdict_signal.py``.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from peft import get_peft_model
 from transformers.masking_utils import create_causal_mask
 
 from training.config import LoraSettings
-from training.models import lora_config
-from training.policy_eval import roc_auc  # noqa: F401 (scripts/verdict_signal.py imports it from here)
+from training.policy_eval import roc_auc  # noqa: F401 (scripts/run_verdict_signal.py imports it from here)
+from training.policy_models import lora_config
 from training.scripted_teacher import content_words
 
 

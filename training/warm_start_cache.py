@@ -65,9 +65,10 @@ TRAINING_ONLY = (
     "tis_cap", "tis_low", "tis_mode", "ppo_epochs", "mini_batches", "micro_batch_size", "micro_batch_tokens",
     "questions_per_update",
     "samples_per_question", "dynamic_sampling", "dynamic_sampling_max_rounds", "temperature", "top_p", "save_every",
-    "keep_checkpoints", "log_samples", "report_to", "wandb_project", "resume", "critic_warmup_updates", "old_logprobs",
+    "keep_checkpoints", "log_samples", "eval_every",
+    "report_to", "wandb_project", "resume", "critic_warmup_updates", "old_logprobs",
     "reuse_rollout_states", "cache_frozen_layers", "gradient_checkpointing", "train_questions", "question_seed",
-    "data", "export", "sft", "sft_warm_start", "require_sft_checkpoint", "cache_warm_start",
+    "data", "export", "export_update", "sft", "sft_warm_start", "require_sft_checkpoint", "cache_warm_start",
     "sft_checkpoint",  # a path: the weights it holds are in the key by their digest
 )
 

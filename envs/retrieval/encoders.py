@@ -16,12 +16,12 @@ inner product is the cosine similarity. The encoder's ``name`` is what the index
 Precision (``dtype``, recorded in the encoder's ``settings`` and so in the index's identity):
 ``"auto"`` runs float16 on CUDA, bfloat16 on a CPU with native bfloat16 instructions
 (x86 ``avx512_bf16`` or ``amx_bf16``: :func:`cpu_has_native_bf16`) and float32 on other CPUs.
-Measured with MiniLM on a 2-core Xeon with AMX (``scripts/bench_encode.py``; figures in the
-README): bfloat16 encodes 2.4x as many passages per second as float32 and keeps 99.2% of
-float32's top-5 hits for 500 default questions; on the same CPU with oneDNN capped below
-bfloat16 (``ONEDNN_MAX_CPU_ISA=AVX512_CORE``, or ``AVX2``) bfloat16 was 3-6x *slower* than
-float32 (software-emulated), hence float32 there. ``dtype="float32"`` gives vectors that match
-an index built on any machine.
+Measured with MiniLM on a 2-core Xeon with AMX (``scripts/bench_encode.py``; figures in
+docs/performance.md, "The first run: the default index"): bfloat16 encodes 2.4x as many passages per
+second as float32 and keeps 99.2% of float32's top-5 hits for 500 default questions; on the same CPU
+with oneDNN capped below bfloat16 (``ONEDNN_MAX_CPU_ISA=AVX512_CORE``, or ``AVX2``) bfloat16 was
+3-6x *slower* than float32 (software-emulated), hence float32 there. ``dtype="float32"`` gives
+vectors that match an index built on any machine.
 """
 from __future__ import annotations
 

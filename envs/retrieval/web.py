@@ -1,4 +1,4 @@
-"""Live web search as a retriever: a search API, result pages fetched and split into passages.
+"""Live web search as a retriever: a search API, its results previewed by their snippets, pages read on admission.
 
     retriever = open_retriever("web:searxng:http://127.0.0.1:8888")     # a SearXNG instance
     retriever = open_retriever("web:serper?results=10&rps=2")           # Serper; key in $SERPER_API_KEY
@@ -8,21 +8,35 @@ Spec: ``web:ENGINE[:URL][?option=value&...]`` with ENGINE ``searxng`` (URL requi
 or ``serper`` (URL optional: another Serper-compatible endpoint). The options are the fields of
 :class:`WebSearchConfig`.
 
-One candidate per search result, in the engine's order (score ``1/engine rank``). With ``fetch`` on,
-the page is fetched, turned into text and split into ``passage_words``-word passages on sentence
-boundaries (the corpus convention, :func:`envs.retrieval.default_corpus.split_passages`); the
-candidate is the passage (or the ``passages_per_result`` passages) sharing most words with the query
-and the engine's snippet. A page that cannot be used (HTTP error, timeout, not HTML) falls back to the
-snippet, and the failure is counted in ``stats``. Passage ids are ``<url>#<chunk>`` (``<url>#snippet``
-for snippets); ``row`` numbers the passages this retriever has given as candidates or by id, in
-first-seen order, and ``corpus[row]`` / ``passages(ids)`` give them back (distractor injection
-draws from them; a page passage never shown is read from the page cache by ``passages``).
+One candidate per search result, in the engine's order (score ``1/engine rank``). How a candidate is
+made is the ``previews`` option (docs/web_search.md):
+
+- ``previews=snippet`` (the default; SEEDS's live-web setting): the candidate is the engine's title
+  and snippet, and no page is fetched at search time (id ``<url>#page``). The env asks
+  :meth:`WebRetriever.open_pages` for the text of the candidates it opens: only then is a page
+  fetched, and the reader gets the ``reader_chars`` (3,000) characters of it around the snippet
+  (:mod:`envs.retrieval.web_reader`). A page that cannot be read gives the snippet behind a note.
+- ``previews=page`` (the behaviour before SEEDS's setting was followed): every top-k result page is
+  fetched at search time, turned into text and split into ``passage_words``-word passages on sentence
+  boundaries (the corpus convention, :func:`envs.retrieval.default_corpus.split_passages`); the
+  candidate is the passage (or the ``passages_per_result`` passages) sharing most words with the query
+  and the snippet (id ``<url>#<chunk>``); a page that cannot be used falls back to its snippet.
+- ``fetch=false``: no page is ever fetched; the candidate and its opened text are the snippet
+  (id ``<url>#snippet``).
+
+A failed page (HTTP error, timeout, refused address, not HTML) is counted in ``stats`` and listed in
+``errors``. ``row`` numbers the passages this retriever has given as candidates or by id, in
+first-seen order, and ``corpus[row]`` / ``passages(ids)`` give them back (distractor injection draws
+from them; a page passage never shown is read from the page cache by ``passages``). A page found by
+several searches keeps one id and row, so an episode reads it once; each of its candidates shows its
+own search's snippet (the corpus keeps the first one seen).
 
 Search replies and pages are cached on disk (``cache_dir("web")`` unless ``cache`` says otherwise),
-so a repeated query makes no HTTP call, in this run or a later one. Transient search failures
-(timeouts, HTTP 429/5xx, replies that are not JSON) are retried ``retries`` times, then give an empty
-result (the env shows "No results.") recorded in ``stats.failed_searches`` and ``errors``; a refusal
-(bad key, HTTP 4xx) raises :class:`WebSearchError`.
+so a repeated query makes no HTTP call, in this run or a later one; the last pages read and every
+opened window are also kept in memory, so re-opening a page in a run never fetches it again.
+Transient search failures (timeouts, HTTP 429/5xx, replies that are not JSON) are retried ``retries``
+times, then give an empty result (the env shows "No results.") recorded in ``stats.failed_searches``
+and ``errors``; a refusal (bad key, HTTP 4xx) raises :class:`WebSearchError`.
 """
 from __future__ import annotations
 
@@ -30,20 +44,18 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from urllib.parse import parse_qsl
+from dataclasses import asdict, dataclass, field, replace
 
 import httpx
-import yaml
 
 from envs.paths import cache_dir
 from envs.previews import query_terms
-from envs.retrieval.default_corpus import MAX_WORDS, split_passages
+from envs.retrieval.default_corpus import split_passages
+from envs.retrieval.web_config import PREVIEW_MODES, WebSearchConfig, WebStats, parse_web_spec
 from envs.retrieval.web_http import (
-    ENGINES,
     NO_KEEPALIVE,
-    SERPER_URL,
     USER_AGENT,
     Page,
     RateLimiter,
@@ -58,97 +70,16 @@ from envs.retrieval.web_http import (
     search_request,
     send_json,
 )
-from envs.typed_config import from_dict
+from envs.retrieval.web_reader import OpenedPage, reader_window, unreadable_page_text
 from envs.types import Hit, Passage
 
+__all__ = ["PREVIEW_MODES", "OpenedPage", "WebCorpus", "WebRetriever", "WebSearchConfig", "WebSearchError",
+           "WebStats", "open_web_retriever", "parse_web_spec"]
 log = logging.getLogger(__name__)
-SNIPPET_CHUNK = "snippet"
-_TEXT_OPTIONS = ("cache", "language", "api_key_env")  # taken as written, not as YAML ("off" stays "off")
-
-
-@dataclass
-class WebSearchConfig:
-    """What a ``web:`` spec sets. ``results``: results asked of the engine (None: the ``k`` of the
-    search); ``fetch``: fetch result pages (False: snippet-only); ``cache``: a folder, ``"off"``, or
-    None for ``cache_dir("web")``; ``rps`` / ``fetch_rps``: requests a second to the search API / to
-    result pages (0: no limit); ``api_key_env``: the variable holding the Serper key;
-    ``private_pages``: also fetch result pages whose host is not public (off: such a page is refused
-    and its snippet stands in; the search API's own address is never checked)."""
-
-    engine: str = "searxng"
-    url: str | None = None
-    results: int | None = None
-    fetch: bool = True
-    passage_words: int = MAX_WORDS
-    passages_per_result: int = 1
-    max_page_bytes: int = 2_000_000
-    max_reply_bytes: int = 4_000_000  # a search API reply (larger: a failed search)
-    timeout: float = 10.0  # seconds per connect/read and for a whole page fetch or search request
-    rps: float = 1.0
-    fetch_rps: float = 5.0
-    workers: int = 8
-    retries: int = 2
-    backoff: float = 1.0
-    language: str | None = None
-    cache: str | None = None
-    api_key_env: str = "SERPER_API_KEY"
-    private_pages: bool = False  # fetch result pages on loopback / private / link-local addresses
-
-    def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown web search engine {self.engine!r}; choose one of {', '.join(ENGINES)}")
-        if self.engine == "searxng" and not self.url:
-            raise ValueError("web:searxng needs the instance's address, e.g. web:searxng:http://127.0.0.1:8888")
-        if self.url and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"the search API address must start with http:// or https://, got {self.url!r}")
-        positive = {"passage_words": self.passage_words, "passages_per_result": self.passages_per_result,
-                    "max_page_bytes": self.max_page_bytes, "max_reply_bytes": self.max_reply_bytes,
-                    "timeout": self.timeout, "workers": self.workers}
-        if self.results is not None:
-            positive["results"] = self.results
-        bad = [name for name, value in positive.items() if value <= 0]
-        if bad or self.rps < 0 or self.fetch_rps < 0 or self.retries < 0 or self.backoff < 0:
-            raise ValueError(f"web search options out of range: {bad or 'rps, fetch_rps, retries, backoff'} "
-                             "(counts, sizes and the timeout must be positive; rates, retries, backoff >= 0)")
-
-    @property
-    def endpoint(self) -> str:
-        return self.url or SERPER_URL
-
-
-def parse_web_spec(spec: str) -> WebSearchConfig:
-    """``"web:searxng:http://127.0.0.1:8888?results=10&fetch=false"`` -> :class:`WebSearchConfig`."""
-    if not spec.startswith("web:"):
-        raise ValueError(f"a web search spec starts with 'web:', got {spec!r}")
-    body, _, query = spec[len("web:"):].partition("?")
-    engine, _, url = body.partition(":")
-    options = {key: value if key in _TEXT_OPTIONS else yaml.safe_load(value) if value else None
-               for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))}
-    for name in ("engine", "url"):
-        if name in options:
-            raise ValueError(f"{name} is given by the spec's form web:ENGINE[:URL], not as an option")
-    return from_dict(WebSearchConfig, {"engine": engine, "url": url or None, **options})
-
-
-@dataclass
-class WebStats:
-    """Counters since creation: ``searches`` (HTTP search calls), ``search_cache_hits`` (queries answered
-    from memory or disk), ``failed_searches``, ``malformed_results`` (result entries skipped),
-    ``pages_fetched``, ``page_cache_hits``, ``page_errors`` (pages replaced by their snippet),
-    ``pages_truncated`` (cut at ``max_page_bytes``), ``waited_seconds`` (rate-limit sleeps)."""
-
-    searches: int = 0
-    search_cache_hits: int = 0
-    failed_searches: int = 0
-    malformed_results: int = 0
-    pages_fetched: int = 0
-    page_cache_hits: int = 0
-    page_errors: int = 0
-    pages_truncated: int = 0
-    waited_seconds: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+SNIPPET_CHUNK = "snippet"  # id suffix of a candidate that is its snippet and nothing more
+PAGE_CHUNK = "page"  # id suffix of a snippet-previewed candidate whose page is read when it is opened
+MEMORY_PAGES = 64  # pages kept in memory (the disk cache keeps them all unless cache=off)
+MEMORY_WINDOWS = 4096  # reader windows kept in memory (a few kB each)
 
 
 class WebCorpus:
@@ -193,11 +124,15 @@ class WebCorpus:
 
 @dataclass
 class _Scratch:
-    """In-memory state of one retriever: search results by (query, n), and the pages that failed (by
-    address) so a run does not ask again. Page texts live in the disk cache, not in memory."""
+    """In-memory state of one retriever: search results by (query, n), the pages that failed (by
+    address) so a run does not ask again, the last :data:`MEMORY_PAGES` pages read (by address; all
+    of them are in the disk cache too unless it is off) and the last :data:`MEMORY_WINDOWS` reader
+    windows by (address, snippet), a failed page's note included."""
 
     results: dict = field(default_factory=dict)
     failed_pages: dict = field(default_factory=dict)
+    pages: OrderedDict = field(default_factory=OrderedDict)
+    opened: dict = field(default_factory=dict)
 
 
 class WebRetriever:
@@ -229,7 +164,8 @@ class WebRetriever:
     # -- the Retriever interface -------------------------------------------------------------------
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """Top-``k`` candidates per query, in input order (fewer when the engine returns fewer)."""
+        """Top-``k`` candidates per query, in input order (fewer when the engine returns fewer); pages
+        are fetched here only with ``previews=page``."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive integer, got {k!r}")
         queries = list(queries)
@@ -238,7 +174,7 @@ class WebRetriever:
         with ThreadPoolExecutor(self.config.workers) as pool:
             found = dict(zip(distinct, pool.map(lambda q: self._results(q, n), distinct)))
             pages = {}
-            if self.config.fetch:
+            if self._pages_at_search:
                 urls = list(dict.fromkeys(r.url for q in distinct for r in found[q][:k]))
                 pages = dict(zip(urls, pool.map(self._page, urls)))
         hits = {q: self._hits(q, found[q], k, pages) for q in distinct}
@@ -262,6 +198,81 @@ class WebRetriever:
             out.append(passage)
         return out
 
+    # -- pages read on admission (previews=snippet) ----------------------------------------------
+
+    def open_pages(self, hits: list[Hit]) -> list[OpenedPage | None]:
+        """The reader's text of each candidate the env opens: for a snippet-previewed one (id
+        ``<url>#page``) the ``reader_chars`` characters of its page around its snippet, the page
+        fetched now unless this run already read it (distinct pages fetched in parallel); None for any
+        other candidate (its text is already whole). A page that cannot be read gives the snippet
+        behind a note, with ``error`` set: counted in ``stats.page_errors`` and listed in ``errors``."""
+        self._read_ahead(hits)
+        out: list[OpenedPage | None] = []
+        for hit in hits:
+            url = self._url_read_on_open(hit)
+            out.append(None if url is None else self._open(url, [hit.text])[0])
+            self._count(pages_opened=int(url is not None))
+        return out
+
+    def prefetch_pages(self, hits: list[Hit]) -> None:
+        """Read now, in parallel (each distinct page once), what :meth:`open_pages` will give for
+        ``hits``, so that its call finds it ready; nothing counts as opened. The env's step batcher
+        calls it with every candidate its round's expand actions open, across questions."""
+        self._read_ahead(hits)
+
+    def _read_ahead(self, hits: list[Hit]) -> None:
+        """:meth:`prefetch_pages` (also the first half of :meth:`open_pages`)."""
+        snippets: dict[str, list[str]] = {}
+        for hit in hits:
+            url = self._url_read_on_open(hit)
+            if url is not None and hit.text not in snippets.setdefault(url, []):
+                snippets[url].append(hit.text)
+        if len(snippets) == 1:
+            self._open(*next(iter(snippets.items())))
+        elif snippets:
+            with ThreadPoolExecutor(min(self.config.workers, len(snippets))) as pool:
+                list(pool.map(self._open, snippets, snippets.values()))
+
+    def pages_fetched_by_search(self, query: str, k: int) -> int:
+        """Pages ``search([query], k)`` read at search time: the distinct top-``k`` result pages with
+        ``previews=page``, 0 otherwise (snippet previews read a page only when it is opened)."""
+        if not self._pages_at_search:
+            return 0
+        with self._lock:
+            results = self._scratch.results.get((query, self.config.results or k)) or []
+        return len(dict.fromkeys(r.url for r in results[:k]))
+
+    @property
+    def _pages_at_search(self) -> bool:
+        return self.config.fetch and self.config.previews == "page"
+
+    def _url_read_on_open(self, hit: Hit) -> str | None:
+        """The page address of a candidate whose page is read when it is opened, else None."""
+        url, _, chunk = hit.id.rpartition("#")
+        return url if self.config.fetch and chunk == PAGE_CHUNK and url else None
+
+    def _open(self, url: str, snippets: list[str]) -> list[OpenedPage]:
+        """The reader windows of the page at ``url`` around each snippet, the page read (once) only
+        when one of them is not kept already (the last :data:`MEMORY_WINDOWS` are)."""
+        with self._lock:
+            found = [self._scratch.opened.get((url, snippet)) for snippet in snippets]
+        if all(opened is not None for opened in found):
+            return found
+        page = self._page(url)
+        out = []
+        for snippet, opened in zip(snippets, found):
+            if opened is None and page.error is None:
+                opened = OpenedPage(reader_window(page.text, snippet, self.config.reader_chars))
+            elif opened is None:
+                opened = OpenedPage(unreadable_page_text(snippet, page.error), error=page.error)
+            out.append(opened)
+        with self._lock:
+            for snippet, opened in zip(snippets, out):
+                self._scratch.opened[(url, snippet)] = opened
+            while len(self._scratch.opened) > MEMORY_WINDOWS:
+                self._scratch.opened.pop(next(iter(self._scratch.opened)))
+        return out
+
     def close(self) -> None:
         self._client.close()
         self._pages.close()
@@ -274,7 +285,7 @@ class WebRetriever:
 
     def __repr__(self) -> str:  # never the key
         return (f"WebRetriever(engine={self.config.engine!r}, url={self.config.endpoint!r}, "
-                f"fetch={self.config.fetch}, passages={len(self.corpus)})")
+                f"previews={self.config.previews!r}, fetch={self.config.fetch}, passages={len(self.corpus)})")
 
     # -- search results ----------------------------------------------------------------------------
 
@@ -322,10 +333,14 @@ class WebRetriever:
     # -- pages -------------------------------------------------------------------------------------
 
     def _page(self, url: str) -> Page:
-        """The page at ``url`` as text: the disk cache, else a fetch. A failure is remembered for this
-        run (no second fetch) but not written to disk, so a later run asks again."""
+        """The page at ``url`` as text: memory, the disk cache, else a fetch. A failure is remembered
+        for this run (no second fetch) but not written to disk, so a later run asks again."""
         with self._lock:
             page = self._scratch.failed_pages.get(url)
+            if page is None and url in self._scratch.pages:
+                page = self._scratch.pages[url]
+                self._scratch.pages.move_to_end(url)
+                self.stats.page_cache_hits += 1
         if page is not None:
             return page
         key = {"url": url, "max_bytes": self.config.max_page_bytes}
@@ -333,11 +348,13 @@ class WebRetriever:
         if stored is not None:
             page = Page(**stored)
             self._count(page_cache_hits=1)
+            self._remember(page)
         else:
             self._count(waited_seconds=self._fetch_limiter.acquire(), pages_fetched=1)
             page = fetch_page(self._pages, url, self.config.max_page_bytes)
             if page.error is None:
                 self.cache.put("page", key, page.to_dict())
+                self._remember(page)
             else:
                 self._count(page_errors=1)
                 self._record({"url": url, "error": page.error})
@@ -345,6 +362,14 @@ class WebRetriever:
                     self._scratch.failed_pages[url] = page
             self._count(pages_truncated=int(page.truncated))
         return page
+
+    def _remember(self, page: Page) -> None:
+        """Keep a read page in memory (the last :data:`MEMORY_PAGES`)."""
+        with self._lock:
+            self._scratch.pages[page.url] = page
+            self._scratch.pages.move_to_end(page.url)
+            while len(self._scratch.pages) > MEMORY_PAGES:
+                self._scratch.pages.popitem(last=False)
 
     def _chunks(self, page: Page | None) -> list[str]:
         """A page's passages: ``passage_words``-word pieces on sentence boundaries (chunk i = id ``#i``)."""
@@ -368,7 +393,8 @@ class WebRetriever:
     def _chosen_passages(self, query: str, result: SearchResult, page: Page | None) -> list[Passage]:
         """The ``passages_per_result`` passages of the result's page sharing most words with the
         query and the snippet (page order among equals), registered in the corpus (title: the page's
-        ``<title>``, else the engine's, else the address); the snippet when the page gave none."""
+        ``<title>``, else the engine's, else the address); the snippet when the page gave none or was
+        not fetched (``<url>#page`` when it is read on opening, ``<url>#snippet`` when never)."""
         chunks = self._chunks(page)
         if chunks:
             terms = query_terms(f"{query} {result.snippet}")
@@ -378,7 +404,12 @@ class WebRetriever:
             return [self.corpus.add(f"{result.url}#{i}", title, chunks[i]) for i in sorted(best)]
         if not (result.snippet or result.title):
             return []
-        return [self.corpus.add(f"{result.url}#{SNIPPET_CHUNK}", result.title or result.url, result.snippet)]
+        chunk = PAGE_CHUNK if self.config.fetch and not self._pages_at_search else SNIPPET_CHUNK
+        title = result.title or result.url
+        passage = self.corpus.add(f"{result.url}#{chunk}", title, result.snippet)
+        # the page keeps its id and row (the first snippet seen stays in the corpus); the candidate
+        # shows this search's title and snippet, and its page is read around this snippet
+        return [replace(passage, title=title, text=result.snippet)]
 
     def _count(self, **increments) -> None:
         with self._lock:

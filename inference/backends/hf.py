@@ -30,7 +30,7 @@ Log-probabilities (``Completion.logprobs``), by ``logprobs_mode``:
   μ the token was drawn from: ``log_softmax(logits / temperature)[token]`` when top-k and top-p
   are off), ``"raw"`` for greedy rows (so a greedy evaluation still reads π(yes) of a verdict).
   The PPO rollout engine uses it (:mod:`training.rollout_engine`); the trainer divides its logits
-  by the same temperature (:func:`training.models.sequence_logprobs`).
+  by the same temperature (:func:`training.policy_models.sequence_logprobs`).
 
 Guided decoding: a request with ``regex`` decodes only tokens that keep its completion a prefix
 of the expression (:mod:`inference.backends.guided`, llguidance); as with ``allowed_token_ids``,
@@ -49,7 +49,10 @@ sample with ``finish_reason="error"``; a completion that would run past the cont
 Multi-turn agents that resend a growing token context every turn can keep each row's KV cache
 between calls instead: :meth:`HFBackend.session` (:mod:`inference.backends.hf_session`, same
 sampling and results, only the new tokens run), or without keys, ``prefix_cache=N``: ``generate``
-itself continues the cached row a prompt extends (:mod:`inference.backends.hf_prefix`).
+itself continues the cached row a prompt extends (:mod:`inference.backends.hf_prefix`). Both build
+on the backend's public decoding steps: :meth:`~HFBackend.generate_rows`, :meth:`~HFBackend.in_use`,
+:meth:`~HFBackend.prompt_problem`, :meth:`~HFBackend.last_logits`, :meth:`~HFBackend.sample_next` and
+the one decode loop, :meth:`~HFBackend.decode`.
 """
 from __future__ import annotations
 
@@ -58,7 +61,8 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +87,7 @@ LOGPROBS_MODES = ("raw", "processed", "sampled")
 
 
 @dataclass
-class _Row:
+class DecodeRow:
     """One sample being generated: a request's prompt, its settings and its output so far."""
 
     request: int
@@ -179,7 +183,7 @@ class HFBackend(LLMBackend):
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if self._prefix_cache is not None:
             return self._prefix_cache.generate(requests)
-        return self._generate(requests, self._decode)
+        return self.generate_rows(requests)
 
     def session(self, observer: Callable | None = None) -> Any:
         """A :class:`~inference.backends.hf_session.HFSession`: multi-turn generation that keeps each
@@ -187,23 +191,25 @@ class HFBackend(LLMBackend):
         told which tokens each row ran after every forward pass (see the session)."""
         return HFSession(self, observer)
 
-    # ----------------------------------------------------------------------------- internals
+    # ------------------------------------------ decoding steps (for hf_session and hf_prefix)
 
-    def _generate(self, requests: list[GenerationRequest],
-                  decode_batch: Callable[[list[_Row]], None]) -> list[GenerationResult]:
-        """:meth:`generate`, with each batch of rows (longest prompt first, at most ``max_batch_size``)
-        decoded by ``decode_batch`` (:meth:`_decode`, or a session's cache-keeping decode)."""
+    def generate_rows(self, requests: list[GenerationRequest],
+                      decode_batch: Callable[[list[DecodeRow]], None] | None = None) -> list[GenerationResult]:
+        """:meth:`generate` without the prefix cache, each batch of rows (longest prompt first, at most
+        ``max_batch_size``) decoded by ``decode_batch``: by default its prompts are prefilled and
+        :meth:`decode` runs them to their ends; a session passes its cache-keeping prefill instead."""
+        decode_batch = decode_batch or self._decode_batch
         start = time.perf_counter()
         prompts: list[list[int]] = []
         errors: dict[int, str] = {}
-        rows: list[_Row] = []
+        rows: list[DecodeRow] = []
         for i, request in enumerate(requests):
             try:
                 ids = prompt_token_ids(self.tokenizer, request.prompt, self.thinking)
             except Exception as err:  # a malformed prompt fails its own request only
                 ids, errors[i] = [], f"could not tokenise the prompt: {err}"
             prompts.append(ids)
-            if i not in errors and (problem := self._prompt_problem(ids, request.allowed_token_ids)):
+            if i not in errors and (problem := self.prompt_problem(ids, request.allowed_token_ids)):
                 errors[i] = problem
             if i not in errors and request.regex is not None and (problem := self._guides().problem(request.regex)):
                 errors[i] = problem
@@ -211,18 +217,13 @@ class HFBackend(LLMBackend):
                 rows.extend(self._rows(i, ids, request))
         finished_at = [start] * len(requests)
         rows.sort(key=lambda row: -len(row.prompt))  # similar lengths together: little padding
-        with self._lock, torch.inference_mode():
-            was_training = self.model.training  # a policy shared with training gets its mode back
-            self.model.eval()
-            try:
-                for first in range(0, len(rows), self.max_batch_size):
-                    batch = rows[first:first + self.max_batch_size]
-                    decode_batch(batch)
-                    for row in batch:
-                        finished_at[row.request] = time.perf_counter()
-            finally:
-                self.model.train(was_training)
-        by_request: list[list[_Row]] = [[] for _ in requests]
+        with self.in_use():
+            for first in range(0, len(rows), self.max_batch_size):
+                batch = rows[first:first + self.max_batch_size]
+                decode_batch(batch)
+                for row in batch:
+                    finished_at[row.request] = time.perf_counter()
+        by_request: list[list[DecodeRow]] = [[] for _ in requests]
         for row in sorted(rows, key=lambda r: (r.request, r.sample)):
             by_request[row.request].append(row)
         results = []
@@ -233,6 +234,103 @@ class HFBackend(LLMBackend):
                 completions = [row.completion() for row in by_request[i]]
             results.append(GenerationResult(completions, prompts[i], finished_at[i] - start))
         return results
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """The model to one caller at a time (one batch at a time on it), in eval mode under
+        ``torch.inference_mode``; a policy shared with training gets its training flag back after."""
+        with self._lock, torch.inference_mode():
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                yield
+            finally:
+                self.model.train(was_training)
+
+    def prompt_problem(self, ids: list[int], allowed: tuple[int, ...] = ()) -> str | None:
+        """Why this backend refuses a prompt of token ids ``ids`` (with ``allowed_token_ids``
+        ``allowed``): no tokens, too long for the context, ids outside the vocabulary; None if it
+        takes it."""
+        if any(t >= self.vocab_size for t in allowed):
+            return f"allowed_token_ids outside the vocabulary (size {self.vocab_size}): {list(allowed)}"
+        if not ids:
+            return "the prompt has no tokens"
+        if self.max_context is not None and len(ids) >= self.max_context:
+            return f"the prompt has {len(ids)} tokens; the model's context holds {self.max_context}"
+        outside = [t for t in ids if not 0 <= t < self.vocab_size]
+        if outside:
+            return f"token ids outside the vocabulary (size {self.vocab_size}): {outside[:5]}"
+        return None
+
+    def last_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    cache: Any) -> torch.Tensor:
+        """Logits of the last position. ``input_ids``/``position_ids``: ``[b, t]``; ``attention_mask``:
+        ``[b, past + t]``. Returns ``[b, V]`` float32."""
+        options = {self._cache_kwarg: cache, "use_cache": True}
+        if self._keep_last_only:
+            options["logits_to_keep"] = 1  # the lm_head runs on one position, not the whole prompt
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **options)
+        return out.logits[:, -1, :].float()
+
+    def decode(self, rows: list[DecodeRow], logits: torch.Tensor, mask: torch.Tensor, cache: Any,
+               on_finish: Callable[[int, int, torch.Tensor], None] | None = None,
+               on_step: Callable[[list[int]], None] | None = None) -> None:
+        """Generate every row of one prefilled batch to its end (fills each row's tokens, log-probs
+        and reason): the decode loop of :meth:`generate` and of every session.
+
+        ``logits`` ``[b, V]``, ``mask`` ``[b, width]`` (1 = real token) and ``cache``: the prefill's
+        outputs, row ``i`` of them being ``rows[i]``. Each step samples one token per live row, drops
+        the rows that ended from the batch and the KV cache, and runs the others' new tokens.
+        ``on_finish(i, k, mask)``: row ``rows[i]`` ended while at batch position ``k`` of ``mask``
+        (the cache still holds it there). ``on_step(live)``: after each forward pass, the indices
+        into ``rows`` that ran their newest token."""
+        next_position = mask.sum(-1, keepdim=True)  # [b, 1]: real tokens count from 0
+        live = list(range(len(rows)))  # indices into rows, in batch order
+        while True:
+            tokens, logprobs = self.sample_next(logits, [rows[i] for i in live])  # [b], [b]
+            going = [rows[i].push(token, logprob, self.eos_ids)
+                     for i, token, logprob in zip(live, tokens.tolist(), logprobs.tolist())]
+            if on_finish is not None:
+                for k, i in enumerate(live):
+                    if not going[k]:
+                        on_finish(i, k, mask)
+            keep = [k for k, on in enumerate(going) if on]
+            if not keep:
+                return
+            if len(keep) < len(live):  # finished rows leave the batch and the KV cache
+                mask, next_position, tokens = keep_rows(cache, keep, mask, next_position, tokens)
+                live = [live[k] for k in keep]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            logits = self.last_logits(tokens[:, None], mask, next_position, cache)
+            if on_step is not None:
+                on_step(live)
+            next_position = next_position + 1
+
+    def sample_next(self, logits: torch.Tensor, rows: list[DecodeRow]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token of every row. ``logits``: ``[b, V]`` float32. Returns token ids ``[b]`` and
+        their log-probs ``[b]`` as ``logprobs_mode`` defines them. Rows with ``allowed_token_ids``
+        choose among those tokens only: their logits are restricted first, so both the sample and
+        its log-prob (every mode) are those of the model's distribution renormalised over the choices."""
+        logits = restrict_to_allowed(logits, [row.settings.allowed_token_ids for row in rows])
+        if any(row.guide is not None for row in rows):
+            logits = self._guides().mask(logits, [row.guide for row in rows])
+        tokens = logits.argmax(-1)  # greedy rows keep these
+        processed = torch.zeros(len(rows), device=logits.device)  # log 1 for greedy rows
+        sampled = [k for k, row in enumerate(rows) if row.settings.temperature > 0]
+        if sampled:
+            settings = [rows[k].settings for k in sampled]
+            index = torch.tensor(sampled, device=logits.device)
+            tokens[index], processed[index] = sample_tokens(
+                logits[index], [s.temperature for s in settings], [s.top_k for s in settings],
+                [s.top_p for s in settings], [rows[k].generator for k in sampled])
+        if self.logprobs_mode == "processed":
+            return tokens, processed
+        raw = logits.gather(1, tokens[:, None])[:, 0] - logits.logsumexp(-1)  # log_softmax at the token only
+        if self.logprobs_mode == "sampled" and sampled:  # μ's log-prob where sampled, raw where greedy
+            raw[index] = processed[index]
+        return tokens, raw
+
+    # ----------------------------------------------------------------------------- internals
 
     def _new_prefix_cache(self, rows: int) -> PrefixCache | None:
         if not rows:
@@ -264,19 +362,7 @@ class HFBackend(LLMBackend):
                 ids.update(int(v) for v in value)
         return frozenset(ids)
 
-    def _prompt_problem(self, ids: list[int], allowed: tuple[int, ...] = ()) -> str | None:
-        if any(t >= self.vocab_size for t in allowed):
-            return f"allowed_token_ids outside the vocabulary (size {self.vocab_size}): {list(allowed)}"
-        if not ids:
-            return "the prompt has no tokens"
-        if self.max_context is not None and len(ids) >= self.max_context:
-            return f"the prompt has {len(ids)} tokens; the model's context holds {self.max_context}"
-        outside = [t for t in ids if not 0 <= t < self.vocab_size]
-        if outside:
-            return f"token ids outside the vocabulary (size {self.vocab_size}): {outside[:5]}"
-        return None
-
-    def _rows(self, index: int, ids: list[int], request: GenerationRequest) -> list[_Row]:
+    def _rows(self, index: int, ids: list[int], request: GenerationRequest) -> list[DecodeRow]:
         limit = request.max_tokens
         if self.max_context is not None:
             limit = min(limit, self.max_context - len(ids))
@@ -288,39 +374,15 @@ class HFBackend(LLMBackend):
                     torch.randint(0, 2**62, (1,)).item())  # follows torch.manual_seed when no seed is given
                 generator = torch.Generator(device=self.device).manual_seed(seed)
             guide = self._guides().matcher(request.regex) if request.regex is not None else None
-            rows.append(_Row(index, j, ids, request, limit, IncrementalText(self.tokenizer, ids, request.stop),
+            rows.append(DecodeRow(index, j, ids, request, limit, IncrementalText(self.tokenizer, ids, request.stop),
                              generator, guide))
         return rows
 
-    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                 cache: Any) -> torch.Tensor:
-        """Logits of the last position. ``input_ids``/``position_ids``: ``[b, t]``; ``attention_mask``:
-        ``[b, past + t]``. Returns ``[b, V]`` float32."""
-        options = {self._cache_kwarg: cache, "use_cache": True}
-        if self._keep_last_only:
-            options["logits_to_keep"] = 1  # the lm_head runs on one position, not the whole prompt
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **options)
-        return out.logits[:, -1, :].float()
+    def _decode_batch(self, rows: list[DecodeRow]) -> None:
+        """Prefill one batch of rows and :meth:`decode` it (what :meth:`generate` does per batch)."""
+        self.decode(rows, *self._prefill(rows))
 
-    def _decode(self, rows: list[_Row]) -> None:
-        """Generate every row of one batch to its end (fills each row's tokens, log-probs, reason)."""
-        logits, mask, cache = self._prefill(rows)
-        next_position = mask.sum(-1, keepdim=True)  # [b, 1]: real tokens count from 0
-        live = list(rows)
-        while True:
-            tokens, logprobs = self._sample(logits, live)  # [b], [b]
-            keep = [k for k, (row, token, logprob) in enumerate(zip(live, tokens.tolist(), logprobs.tolist()))
-                    if row.push(token, logprob, self.eos_ids)]
-            if not keep:
-                return
-            if len(keep) < len(live):  # finished rows leave the batch and the KV cache
-                mask, next_position, tokens = keep_rows(cache, keep, mask, next_position, tokens)
-                live = [live[k] for k in keep]
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            logits = self._forward(tokens[:, None], mask, next_position, cache)
-            next_position = next_position + 1
-
-    def _prefill(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def _prefill(self, rows: list[DecodeRow]) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Run the prompts of ``rows`` (longest first) through the model.
 
         Prompts of similar length are prefilled together, each group left-padded to its longest
@@ -335,13 +397,13 @@ class HFBackend(LLMBackend):
 
             cache = DynamicCache()
             ids, mask = self._left_padded([row.prompt for row in rows], width)
-            return self._forward(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache), mask, cache
+            return self.last_logits(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache), mask, cache
         groups = prefill_groups([len(row.prompt) for row in rows])
         logits, masks, caches = [], [], []
         for start, end in groups:
             cache = new_growing_cache(reserve=room - width if len(groups) == 1 else 0)
             ids, mask = self._left_padded([row.prompt for row in rows[start:end]], len(rows[start].prompt))
-            logits.append(self._forward(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache))
+            logits.append(self.last_logits(ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache))
             masks.append(torch.nn.functional.pad(mask, (width - mask.shape[1], 0)))  # zeros on the left
             caches.append(cache)
         cache = caches[0] if len(caches) == 1 else merge_left_padded(caches, room)
@@ -355,27 +417,3 @@ class HFBackend(LLMBackend):
             ids[i, width - len(prompt):] = torch.tensor(prompt)
             mask[i, width - len(prompt):] = 1
         return ids.to(self.device), mask.to(self.device)
-
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Next token of every row. ``logits``: ``[b, V]`` float32. Returns token ids ``[b]`` and
-        their log-probs ``[b]`` as ``logprobs_mode`` defines them. Rows with ``allowed_token_ids``
-        choose among those tokens only: their logits are restricted first, so both the sample and
-        its log-prob (every mode) are those of the model's distribution renormalised over the choices."""
-        logits = restrict_to_allowed(logits, [row.settings.allowed_token_ids for row in rows])
-        if any(row.guide is not None for row in rows):
-            logits = self._guides().mask(logits, [row.guide for row in rows])
-        tokens = logits.argmax(-1)  # greedy rows keep these
-        processed = torch.zeros(len(rows), device=logits.device)  # log 1 for greedy rows
-        sampled = [k for k, row in enumerate(rows) if row.settings.temperature > 0]
-        if sampled:
-            settings = [rows[k].settings for k in sampled]
-            index = torch.tensor(sampled, device=logits.device)
-            tokens[index], processed[index] = sample_tokens(
-                logits[index], [s.temperature for s in settings], [s.top_k for s in settings],
-                [s.top_p for s in settings], [rows[k].generator for k in sampled])
-        if self.logprobs_mode == "processed":
-            return tokens, processed
-        raw = logits.gather(1, tokens[:, None])[:, 0] - logits.logsumexp(-1)  # log_softmax at the token only
-        if self.logprobs_mode == "sampled" and sampled:  # μ's log-prob where sampled, raw where greedy
-            raw[index] = processed[index]
-        return tokens, raw

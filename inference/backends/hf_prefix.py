@@ -65,8 +65,7 @@ class PrefixCache:
                     results[i] = result
                 self._remember(keys, [len(prompts[i]) for i in single])
             if others:
-                for i, result in zip(others, self.backend._generate([requests[i] for i in others],
-                                                                    self.backend._decode)):
+                for i, result in zip(others, self.backend.generate_rows([requests[i] for i in others])):
                     results[i] = result
             return results  # type: ignore[return-value]
 

@@ -15,9 +15,12 @@ last call); the cache is used up to the longest common prefix, so anything else 
 only slower. A row's cache stays until :meth:`HFSession.release` (or the session) drops it. ``n``
 must be 1 (a row is one sample).
 
-Sampling, seeds, stop strings, token accounting and log-probs are the backend's own (its
-``_rows``, ``_sample`` and ``_forward``): the same request gives the same completion as
-``backend.generate``, up to the floating-point noise that a different batch layout adds.
+Sampling, seeds, stop strings, token accounting and log-probs are the backend's own: a session
+prefills its rows from their caches and hands them to the backend's decode loop
+(:meth:`~inference.backends.hf.HFBackend.generate_rows`, :meth:`~inference.backends.hf.HFBackend.decode`,
+with :meth:`~inference.backends.hf.HFBackend.sample_next` and
+:meth:`~inference.backends.hf.HFBackend.last_logits`), so the same request gives the same
+completion as ``backend.generate``, up to the floating-point noise that a different batch layout adds.
 
 Cache layout: no holes, ever. Between calls each row's cache is *parked*: a compact copy
 ``[kv_heads, L, head_dim]`` per layer of its ``L`` cached tokens. A call sorts rows longest
@@ -54,8 +57,7 @@ attention layer (:func:`session_supported`); otherwise callers keep calling ``ge
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,7 +67,6 @@ from inference.backends.chat import prompt_token_ids
 from inference.backends.hf_cache import (
     GrowingLayer,
     growing_cache_supported,
-    keep_rows,
     merge_left_padded,
     new_growing_cache,
     prefill_groups,
@@ -176,7 +177,7 @@ class HFSession:
         def decode(batch: list) -> None:
             self._decode(batch, [keys[row.request] for row in batch], taken)
 
-        return self.backend._generate(requests, decode)
+        return self.backend.generate_rows(requests, decode)
 
     def next_logits(self, sequences: Sequence[list[int]], keys: Sequence[Hashable]) -> torch.Tensor:
         """Logits ``[b, V]`` (float32) of the position after each token sequence, row ``keys[i]``
@@ -188,7 +189,7 @@ class HFSession:
         self._share_prefixes([list(sequence) for sequence in sequences], keys, taken)
         out: list[torch.Tensor | None] = [None] * len(sequences)
         by_length = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
-        with backend._lock, torch.inference_mode(), _eval_mode(backend.model):
+        with backend.in_use():
             for first in range(0, len(by_length), backend.max_batch_size):
                 batch = by_length[first:first + backend.max_batch_size]
                 contexts = [list(sequences[i]) for i in batch]
@@ -217,7 +218,7 @@ class HFSession:
             ids = prompt_token_ids(backend.tokenizer, request.prompt, backend.thinking)
         except Exception:  # the backend's own path reports the prompt
             return None
-        return None if backend._prompt_problem(ids, request.allowed_token_ids) else ids
+        return None if backend.prompt_problem(ids, request.allowed_token_ids) else ids
 
     def _share_prefixes(self, contexts: list[list[int] | None], keys: Sequence[Hashable],
                         taken: dict[Hashable, _Parked]) -> None:
@@ -252,7 +253,7 @@ class HFSession:
                 self.observer.fork(donor, [names[-1]])  # the template holds what the donor recorded
         contexts = [ids for _members, ids, _donor in templates]
         parked = [taken.get(donor) for _members, _ids, donor in templates]
-        with backend._lock, torch.inference_mode(), _eval_mode(backend.model):
+        with backend.in_use():
             for first in range(0, len(templates), backend.max_batch_size):
                 part = slice(first, first + backend.max_batch_size)
                 order, _logits, mask, cache = self._prefill(contexts[part], parked[part], 0, names[part])
@@ -268,33 +269,21 @@ class HFSession:
                 self.observer.forget([name])
 
     def _decode(self, rows: list, keys: list[Hashable], taken: dict[Hashable, _Parked]) -> None:
-        """Generate every row of one batch to its end (as ``HFBackend._decode``), parking each
-        finished row's cache under its key."""
-        backend = self.backend
+        """Prefill one batch from the rows' caches and run the backend's decode loop over it
+        (:meth:`~inference.backends.hf.HFBackend.decode`), parking each finished row's cache under its key."""
         room = max(row.limit for row in rows)
         order, logits, mask, cache = self._prefill([row.prompt for row in rows], [taken.get(k) for k in keys], room,
                                                    keys)
         rows, keys = [rows[i] for i in order], [keys[i] for i in order]
-        next_position = mask.sum(-1, keepdim=True)  # [b, 1]
-        live = list(range(len(rows)))  # indices into rows, in batch order
-        while True:
-            tokens, logprobs = backend._sample(logits, [rows[i] for i in live])  # [b], [b]
-            going = [row.push(token, logprob, backend.eos_ids) for row, token, logprob in
-                     zip((rows[i] for i in live), tokens.tolist(), logprobs.tolist())]
-            for k, i in enumerate(live):
-                if not going[k]:
-                    self._park(keys[i], rows[i].prompt + rows[i].token_ids[:self._fed(rows[i])], cache, k, mask)
-            keep = [k for k, on in enumerate(going) if on]
-            if not keep:
-                return
-            if len(keep) < len(live):  # finished rows leave the batch and the KV cache
-                mask, next_position, tokens = keep_rows(cache, keep, mask, next_position, tokens)
-                live = [live[k] for k in keep]
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            logits = backend._forward(tokens[:, None], mask, next_position, cache)
-            if self.observer is not None:  # each live row ran its newest token
-                self.observer([(keys[i], len(rows[i].prompt) + len(rows[i].token_ids) - 1, 1) for i in live])
-            next_position = next_position + 1
+
+        def finished(i: int, k: int, mask: torch.Tensor) -> None:
+            self._park(keys[i], rows[i].prompt + rows[i].token_ids[:self._fed(rows[i])], cache, k, mask)
+
+        def stepped(live: list[int]) -> None:  # each live row ran its newest token
+            self.observer([(keys[i], len(rows[i].prompt) + len(rows[i].token_ids) - 1, 1) for i in live])
+
+        self.backend.decode(rows, logits, mask, cache, on_finish=finished,
+                            on_step=stepped if self.observer is not None else None)
 
     @staticmethod
     def _fed(row: Any) -> int:
@@ -362,7 +351,7 @@ class HFSession:
             mask[i, width + new - len(tail):] = 1
         ids, mask = ids.to(backend.device), mask.to(backend.device)
         position = (mask.cumsum(-1) - 1).clamp(min=0)[:, width:]
-        logits = backend._forward(ids, mask, position, cache)
+        logits = backend.last_logits(ids, mask, position, cache)
         if self.observer is not None:  # row i ran its context from position kept[i] on (its tail)
             self.observer([(key, keep, len(context) - keep) for key, context, keep in zip(keys, contexts, kept)])
         return logits, mask, cache
@@ -397,13 +386,3 @@ class HFSession:
                            layer.values[row, :, length - len(ids):].clone()))
         self.parked[key] = _Parked(list(ids), layers)
 
-
-@contextmanager
-def _eval_mode(model: Any) -> Iterator[None]:
-    """The model in eval mode for a block; its training flag restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)

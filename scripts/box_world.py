@@ -1,5 +1,6 @@
 """A synthetic search world where the right candidate is learnable: the learning test's world
-(``tests/test_learning.py``) and the yardstick of ``scripts/compare_estimators.py``.
+(``tests/test_learning.py``), the yardstick of ``scripts/compare_estimators.py`` and the world of
+``scripts/gpu_check.py``. Not part of the package: scripts and tests import it as ``scripts.box_world``.
 
 Every search shows five boxes; the first holds something (the positive), the four others are empty.
 The policy judges each box in the judgement form (``expand_form: judge``; :data:`ALONE_ENV`: each box

@@ -1,8 +1,8 @@
 """Where is the verdict signal, and how much data does learning it take? (the judgement form)
 
-    python scripts/verdict_signal.py --model runs/ppo-default/sft/model            # the main job's warm start
-    python scripts/verdict_signal.py --model M --train-questions 160 --test-questions 64 --top-layers 4 12 --epochs 4
-    python scripts/verdict_signal.py --model M -- --env.judge_question true         # PPOConfig overrides after --
+    python scripts/run_verdict_signal.py --model runs/ppo-default/sft/model        # the main job's warm start
+    python scripts/run_verdict_signal.py --model M --train-questions 160 --test-questions 64 --top-layers 4 12
+    python scripts/run_verdict_signal.py --model M -- --env.judge_question true     # PPOConfig overrides after --
 
 Samples episodes of the PPO recipe's env (``--config``, default the main job's) with the policy
 ``--model`` on training questions: the first ``--train-questions`` for training, the next

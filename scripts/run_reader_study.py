@@ -1,8 +1,8 @@
 """Where the answer term goes: the scripted reader rules' table and what a policy's answers are.
 
-    python scripts/reader_study.py                                          # the teacher table only (no model)
-    python scripts/reader_study.py --model runs/ppo-default/sft/model      # + the warm start's answers
-    python scripts/reader_study.py --model runs/ppo-default/final_hf -- --seed 3   # PPOConfig overrides after --
+    python scripts/run_reader_study.py                                          # the teacher table only (no model)
+    python scripts/run_reader_study.py --model runs/ppo-default/sft/model      # + the warm start's answers
+    python scripts/run_reader_study.py --model runs/ppo-default/final_hf -- --seed 3   # PPOConfig overrides after --
 
 On the held-out questions of the PPO recipe (``--config``, default the main job's) in its env:
 the scripted teacher with each expansion rule and reader rule (``training.reader_study.teacher_table``),
