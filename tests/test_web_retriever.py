@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 import threading
 from pathlib import Path
@@ -182,12 +183,14 @@ def test_a_cached_query_makes_no_http_call(web, fresh, tmp_path):
 
 
 @pytest.mark.parametrize("word, reason", [("boom", "HTTP 500"), ("notjson", "not JSON"),
-                                          ("slow", "ReadTimeout")])
+                                          ("slow", "ReadTimeout|over the total deadline")])
 def test_transient_failures_are_retried_then_recorded_as_empty(web, fresh, word, reason):
+    """A slow peer fails by the read timeout or, on a loaded machine, by the total deadline of the
+    same length that closes the socket first: either is the recorded timeout."""
     retriever = fresh(options="retries=1&timeout=0.2&fetch=false")
     assert retriever.search([f"{word} query", "rome"], k=3)[0] == []
     assert len(web.paths("/search")) == 3  # two tries for the failing query, one for the other
-    assert retriever.stats.failed_searches == 1 and reason in retriever.errors[0]["error"]
+    assert retriever.stats.failed_searches == 1 and re.search(reason, retriever.errors[0]["error"])
     web.requests.clear()
     assert retriever.search([f"{word} query"], k=3) == [[]]
     assert len(web.paths("/search")) == 2  # a failure is not cached: the next search asks again
