@@ -34,7 +34,7 @@ from training.reader_study import answer_source, copies_question, opened_and_sho
 
 CORE_OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")  # in every eval.json
 REWARD_PART_KEYS = ("selection_reward", "format_reward")  # recorded since 2026-12-03
-READING_KEYS = ("opened_any", "answered_first_opened")  # recorded since 2026-12-04 (experiments r36, experiments/reader_study.md)
+READING_KEYS = ("opened_any", "answered_first_opened")  # recorded since 2026-12-04 (experiments/reader_study.md)
 SHOWN_KEYS = ("positives_shown",)  # recorded since 2026-12-05: the denominator of recall
 COPY_KEYS = ("copied_question",)  # recorded since 2026-12-06: the answer is mostly the question's words
 OPTIONAL_OUTCOME_KEYS = REWARD_PART_KEYS + READING_KEYS + SHOWN_KEYS + COPY_KEYS  # read where an eval.json has them
