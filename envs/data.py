@@ -77,7 +77,7 @@ def _contexts(value) -> tuple[dict, ...]:
     if not value:
         return ()
     if isinstance(value, dict) and "title" in value:  # HF hotpot_qa: {"title": [...], "sentences": [...]}
-        value = list(zip(value["title"], value.get("sentences", value.get("text", []))))
+        value = list(zip(value["title"], value["sentences"] if "sentences" in value else value.get("text", [])))
     contexts = []
     for item in value:
         if isinstance(item, dict):

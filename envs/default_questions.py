@@ -54,7 +54,7 @@ def aliases(title: str) -> list[str]:
 
 
 def _title_words(titles: list[str]) -> set[str]:
-    words = set()
+    words: set[str] = set()
     for title in titles:
         words.update(w.lower() for w in _WORD.findall(title) if w.lower() not in _STOPWORDS)
     return words
@@ -218,7 +218,8 @@ def _bridge(a: dict, b: dict, mention_id: str, texts: dict[str, str]) -> dict | 
 def _candidates(articles: list[dict], texts: dict[str, str]) -> tuple[list[dict], list[dict]]:
     singles = [q for q in (_single(a, texts) for a in articles) if q]
     find = _mention_finder(articles, texts)
-    bridges, per_answer = [], defaultdict(int)
+    bridges: list[dict] = []
+    per_answer: defaultdict[int, int] = defaultdict(int)
     for i, a in enumerate(articles):
         seen = {i}
         for pid in a["passage_ids"]:

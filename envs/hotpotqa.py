@@ -69,7 +69,7 @@ def record_locations(spec: str | os.PathLike, count: int) -> list[str]:
         head = handle.read(64).lstrip()
     if path.suffix.lower() == ".json" and head.startswith("["):
         return [f"item {k}" for k in range(count)]
-    lines = []
+    lines: list[str] = []
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
             if len(lines) == count:

@@ -8,7 +8,7 @@ many episodes into one call while running exactly this logic.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -158,7 +158,7 @@ class SearchEnv(gym.Env):
             episode.answer = action.answer
             observation, terminated = "", True
         truncated = not terminated and episode.n_actions >= cfg.max_actions
-        info = {"action": _action_kind(action)}
+        info: dict[str, Any] = {"action": _action_kind(action)}
         if isinstance(action, InvalidAction):
             info["invalid_reason"] = action.reason
         elif isinstance(action, (SearchAction, ExpandAction)) and episode.latest is not None:
@@ -220,7 +220,12 @@ class SearchEnv(gym.Env):
 
     @property
     def _reads_pages(self) -> bool:
-        return callable(getattr(self.retriever, "open_pages", None))
+        return self._page_opener() is not None
+
+    def _page_opener(self) -> Callable[[list[Hit]], list[Any]] | None:
+        """The retriever's optional ``open_pages`` (see :class:`SearchBackend`), or None."""
+        open_pages = getattr(self.retriever, "open_pages", None)
+        return open_pages if callable(open_pages) else None
 
     def _search(self, episode: EpisodeState, query: str, hits: list[Hit]) -> str:
         cfg = self.config
@@ -249,6 +254,7 @@ class SearchEnv(gym.Env):
         episode.awaiting_expand = False
         if not ids:
             return format_information("No passages expanded.")
+        assert record is not None, "_violation refuses an expand before any search"
         return self._information(record, ids)
 
     def _information(self, record: SearchRecord, numbers) -> str:
@@ -257,8 +263,11 @@ class SearchEnv(gym.Env):
         ``record.shown`` keeps, per candidate opened here, the passage text the observation showed
         (cut where the cap cut it; for a passage read earlier, the text it was shown with then), so
         a method that hands passages to a reader hands what the env counted in ``doc_tokens``."""
-        parts, text_spans, start = [], {}, 0
-        fresh = [number for number in numbers if self.episode.open(record, number)]
+        episode = self._require_episode_any()
+        parts: list[str] = []
+        text_spans: dict[int, tuple[int, int]] = {}
+        start = 0
+        fresh = [number for number in numbers if episode.open(record, number)]
         texts = dict(zip(fresh, self._opened_texts([record.hits[number - 1] for number in fresh])))
         for number in numbers:
             hit = record.hits[number - 1]
@@ -276,19 +285,20 @@ class SearchEnv(gym.Env):
             row = record.hits[number - 1].row
             if number in text_spans:
                 begin, end = text_spans[number]
-                self.episode.passage_text[row] = full[begin:min(end, shown_chars)] if begin < shown_chars else ""
-            record.shown[number] = self.episode.passage_text.get(row, "")
+                episode.passage_text[row] = full[begin:min(end, shown_chars)] if begin < shown_chars else ""
+            record.shown[number] = episode.passage_text.get(row, "")
         record.doc_tokens += self.counter.count(body)
         return format_information(body + TRUNCATION_MARK if cut else body)
 
     def _opened_texts(self, hits: list[Hit]) -> list[str]:
         """The text each opened candidate shows: its own, or what the retriever reads for it (a live
         web page, fetched now; :class:`SearchBackend`), counting the pages read and those that failed."""
-        if not hits or not self._reads_pages:
+        open_pages = self._page_opener()
+        if not hits or open_pages is None:
             return [hit.text for hit in hits]
         episode = self._require_episode()
         texts = []
-        for hit, opened in zip(hits, self.retriever.open_pages(hits)):
+        for hit, opened in zip(hits, open_pages(hits)):
             if opened is None:
                 texts.append(hit.text)
                 continue

@@ -9,7 +9,7 @@ class TokenCounter:
     """Counts tokens with a Hugging Face tokenizer, or whitespace-separated words when none is given."""
 
     def __init__(self, tokenizer: Any | None = None):
-        self.tokenizer = tokenizer
+        self.tokenizer: Any = tokenizer  # None means whitespace words; every caller of _ids checks it
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -93,7 +93,7 @@ def from_dict(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     kwargs = {}
     for key, value in values.items():
         hint = hints[key]
-        if dataclasses.is_dataclass(hint) and not isinstance(value, hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint) and not isinstance(value, hint):
             base = _field_default(cls, key)
             section = merge_values(dataclasses.asdict(base), value or {}) if base is not None else value or {}
             kwargs[key] = from_dict(hint, section, prefix=f"{prefix}{key}.")
@@ -123,7 +123,9 @@ def merge_values(base: dict, extra: dict) -> dict:
 
 def parse_overrides(argv: list[str]) -> tuple[str | None, dict[str, Any]]:
     """``["--config", "x.yaml", "--lora.r", "8", "--resume"]`` -> ("x.yaml", {"lora": {"r": 8}, "resume": True})."""
-    config_path, overrides, i = None, {}, 0
+    config_path: str | None = None
+    overrides: dict[str, Any] = {}
+    i = 0
     while i < len(argv):
         arg = argv[i]
         if not arg.startswith("--") or len(arg) == 2:
@@ -197,7 +199,8 @@ def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
             continue
         text, alone = comments.get(node.lineno, ("", True))
         if not text or alone:
-            above, line = [], node.lineno - 1
+            above: list[str] = []
+            line = node.lineno - 1
             while line in comments and comments[line][1]:
                 if not comments[line][0].startswith(SECTION_HEADING):
                     above.insert(0, comments[line][0])

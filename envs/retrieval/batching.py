@@ -124,8 +124,13 @@ class AsyncBatcher:
         pending = _Pending(list(queries), int(k), loop.create_future())
         if not pending.queries:
             return []
-        self._queue.put_nowait(pending)
+        self._live_queue().put_nowait(pending)
         return await pending.answer
+
+    def _live_queue(self) -> asyncio.Queue[_Pending]:
+        """The worker's queue: ``_start`` makes it before any search queues a request or the worker reads one."""
+        assert self._queue is not None, "the batcher's worker has not started"
+        return self._queue
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop, self._queue, self._carry = loop, asyncio.Queue(), None
@@ -175,7 +180,7 @@ class AsyncBatcher:
         pending.next = end
         if end < len(pending.queries):
             pending.continued = True
-            self._queue.put_nowait(pending)  # behind the requests that arrived meanwhile
+            self._live_queue().put_nowait(pending)  # behind the requests that arrived meanwhile
         else:
             pending.answer.set_result(pending.found)
 
@@ -184,22 +189,22 @@ class AsyncBatcher:
         ``max_wait_ms`` for more (not when the batch opens with a request's later slice)."""
         first, self._carry = self._carry, None
         if first is None:
-            first = await self._queue.get()
+            first = await self._live_queue().get()
         end = first.slice_end(self.max_batch, self.max_slice_chars)
         batch, size = [(first, first.next, end)], end - first.next
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (0 if first.continued else self.max_wait_ms / 1000)
         while size < self.max_batch:
-            if self._queue.empty():
+            if self._live_queue().empty():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
                 try:
-                    pending = await asyncio.wait_for(self._queue.get(), remaining)
+                    pending = await asyncio.wait_for(self._live_queue().get(), remaining)
                 except asyncio.TimeoutError:
                     break
             else:
-                pending = self._queue.get_nowait()
+                pending = self._live_queue().get_nowait()
             end = pending.slice_end(self.max_batch, self.max_slice_chars)
             if size + end - pending.next > self.max_batch:
                 self._carry = pending  # first in the next batch

@@ -131,7 +131,8 @@ def _parse_tsv_header(line: str) -> tuple[int, int, int]:
     names = [name.strip().lower() for name in next(csv.reader([line], delimiter="\t"))]
     if sorted(names) != sorted(TSV_COLUMNS):
         raise ValueError(f"header must name the columns id, text, title (got {names})")
-    return tuple(names.index(column) for column in TSV_COLUMNS)
+    id_column, text_column, title_column = (names.index(column) for column in TSV_COLUMNS)
+    return id_column, text_column, title_column
 
 
 def parse_line(fmt: str, line: str, columns: tuple[int, int, int] = (0, 1, 2)) -> tuple[str, str, str]:

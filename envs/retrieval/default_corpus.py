@@ -91,7 +91,8 @@ def split_passages(text: str, max_words: int = MAX_WORDS) -> list[str]:
     for sentence in split_sentences(text):
         words = sentence.split()
         pieces.extend(words[i : i + max_words] for i in range(0, len(words), max_words))
-    passages, current = [], []
+    passages: list[str] = []
+    current: list[str] = []
     for words in pieces:
         if current and len(current) + len(words) > max_words:
             passages.append(" ".join(current))
@@ -114,7 +115,9 @@ def build_passages(summaries: dict, max_words: int = MAX_WORDS) -> tuple[list[di
     Passage ids are ``<slug>-<k>``; a repeated slug gets ``-a<index>`` appended, so
     ids are unique and depend only on the summaries' content and order.
     """
-    passages, articles, used = [], [], set()
+    passages: list[dict] = []
+    articles: list[dict] = []
+    used: set[str] = set()
     for index, (key, record) in enumerate(summaries.items()):
         title = (record.get("title") or key).strip()
         chunks = split_passages(record.get("extract") or "", max_words)

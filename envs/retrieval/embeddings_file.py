@@ -40,7 +40,12 @@ class EmbeddingsFile:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(np.float32)
         self.row_bytes = 4 * self.shape[1]
-        self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+        self._fd: int | None = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
+
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.path} is closed")
+        return self._fd
 
     @classmethod
     def create(cls, path: str | os.PathLike, shape: tuple[int, int]) -> EmbeddingsFile:
@@ -61,15 +66,15 @@ class EmbeddingsFile:
         if rows.ndim != 2 or rows.shape[1] != self.shape[1]:
             raise ValueError(f"rows of shape {rows.shape} do not fit {self.path} {self.shape}")
         self._check(start, start + len(rows))
-        view, position = memoryview(rows).cast("B"), self.offset + start * self.row_bytes
+        view, position = rows.data.cast("B"), self.offset + start * self.row_bytes
         while len(view):
-            written = os.pwrite(self._fd, view, position)
+            written = os.pwrite(self._open_fd(), view, position)
             view, position = view[written:], position + written
 
     def _read_into(self, out: np.ndarray, start: int) -> None:
-        view, position = memoryview(out).cast("B"), self.offset + start * self.row_bytes
+        view, position = out.data.cast("B"), self.offset + start * self.row_bytes
         while len(view):
-            got = os.preadv(self._fd, [view], position)
+            got = os.preadv(self._open_fd(), [view], position)
             if got == 0:
                 raise EOFError(f"{self.path} is shorter than its header says")
             view, position = view[got:], position + got
@@ -85,19 +90,19 @@ class EmbeddingsFile:
 
     def take(self, rows: Sequence[int]) -> np.ndarray:
         """The given rows (sorted ascending: runs of consecutive rows are read in one call)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        out = np.empty((len(rows), self.shape[1]), dtype=np.float32)
-        if not len(rows):
+        index = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(index), self.shape[1]), dtype=np.float32)
+        if not len(index):
             return out
-        if np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= self.shape[0]:
+        if np.any(np.diff(index) <= 0) or index[0] < 0 or index[-1] >= self.shape[0]:
             raise ValueError("take() needs distinct, ascending rows inside the file")
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        for first, last in zip(np.r_[0, breaks], np.r_[breaks, len(rows)]):
-            self._read_into(out[first:last], int(rows[first]))
+        breaks = np.flatnonzero(np.diff(index) != 1) + 1
+        for first, last in zip(np.r_[0, breaks], np.r_[breaks, len(index)]):
+            self._read_into(out[first:last], int(index[first]))
         return out
 
     def sync(self) -> None:
-        os.fdatasync(self._fd) if hasattr(os, "fdatasync") else os.fsync(self._fd)
+        os.fdatasync(self._open_fd()) if hasattr(os, "fdatasync") else os.fsync(self._open_fd())
 
     def close(self) -> None:
         if self._fd is not None:

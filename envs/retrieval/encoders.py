@@ -211,7 +211,7 @@ def _st_modules():
     try:
         from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     except ImportError:  # sentence-transformers < 6
-        from sentence_transformers.models import Normalize, Pooling, Transformer
+        from sentence_transformers.models import Normalize, Pooling, Transformer  # type: ignore[no-redef]
     return Transformer, Pooling, Normalize
 
 
@@ -297,10 +297,10 @@ def parse_encoder_name(name: str) -> tuple[EncoderSpec, str]:
     key, sep, model = name.partition(":")
     if key in ENCODER_SPECS:
         spec = ENCODER_SPECS[key]
-        model = _absolute_if_dir(model) if sep else spec.model
-        if model is None:  # minilm without an explicit folder: the bundled copy
-            model = str(minilm_path())
-        return spec, model
+        chosen = _absolute_if_dir(model) if sep else spec.model
+        if chosen is None:  # minilm without an explicit folder: the bundled copy
+            chosen = str(minilm_path())
+        return spec, chosen
     if not name:
         raise ValueError("empty encoder name")
     model = _absolute_if_dir(name)

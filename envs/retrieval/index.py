@@ -262,6 +262,7 @@ class DenseIndex:
                 self._searcher.hnsw.efSearch = max(self.ef_search, fetch)
             scores, rows = self._searcher.search(queries, fetch)
         if fetch > k:
+            assert self._embeddings is not None  # __init__ refuses a rerank without them
             scores, rows = rerank_exact(self._embeddings, queries, np.asarray(rows, np.int64), k)
         return _pad(np.asarray(scores, np.float32), np.asarray(rows, np.int64), k)
 

@@ -25,6 +25,7 @@ import faiss
 import numpy as np
 
 from envs.retrieval.embeddings_file import as_row_source
+from envs.retrieval.index_types import pretransform_chain
 
 
 def train_rows(n_rows: int, train_size: int, seed: int = 0) -> np.ndarray:
@@ -38,7 +39,7 @@ def _pretransforms(index) -> tuple[list, faiss.Index]:
     """(vector transforms applied before the inner index, the inner index)."""
     chain = []
     while isinstance(index, faiss.IndexPreTransform):
-        chain += [faiss.downcast_VectorTransform(index.chain.at(i)) for i in range(index.chain.size())]
+        chain += pretransform_chain(index)
         index = faiss.downcast_index(index.index)
     return chain, index
 
@@ -66,7 +67,7 @@ def _skip_polysemous_training(index) -> None:
     runs with ``polysemous_ht = 0``. Results of a plain search do not change."""
     _, inner = _pretransforms(index)
     if isinstance(inner, (faiss.IndexIVFPQ, faiss.IndexPQ)):
-        inner.do_polysemous_training = False
+        inner.do_polysemous_training = False  # type: ignore[union-attr]  # missing from faiss's stubs
 
 
 def _reserve_flat_codes(index, n_rows: int) -> None:
@@ -85,7 +86,8 @@ def _reservable_ivf(index):
     chain, inner = _pretransforms(index)
     if not isinstance(inner, faiss.IndexIVF):
         return None
-    if not isinstance(faiss.downcast_InvertedLists(inner.invlists), faiss.ArrayInvertedLists):
+    if inner.invlists is None or not isinstance(faiss.downcast_InvertedLists(inner.invlists),
+                                                    faiss.ArrayInvertedLists):
         return None
     return chain, inner
 

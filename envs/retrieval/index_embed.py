@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from envs.atomic import write_json_atomic
 from envs.retrieval.embeddings_file import EmbeddingsFile, as_row_source  # noqa: F401  (re-exported)
@@ -227,7 +228,7 @@ def embed_corpus(corpus, encoder, out_dir: str | os.PathLike, batch_size: int = 
 
 def _child_options(encoder, extra: dict) -> dict:
     settings = dict(getattr(encoder, "settings", {}) or {})
-    options = {"show_progress": False}
+    options: dict[str, Any] = {"show_progress": False}
     if settings.get("dtype"):
         options["dtype"] = settings["dtype"]
     if settings.get("max_length"):
@@ -280,6 +281,7 @@ def _run_shards(corpus, encoder, out_dir: Path, identity: dict, devices: list[st
                     kind, shard, *payload = messages.get(timeout=1.0)
                 except queue_module.Empty:
                     code = processes[dead[0]].exitcode
+                    assert code is not None  # dead: it has exited
                     how = (f"was killed by signal {-code} (out of memory?)" if code < 0
                            else f"exited with code {code} before reporting (its output is above)")
                     raise RuntimeError(f"embedding shard {dead[0]} on {devices[dead[0]]} {how}; "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import faiss
 
@@ -140,12 +141,18 @@ def _downcast(index):
     return faiss.downcast_index(index)
 
 
+def pretransform_chain(index: faiss.IndexPreTransform) -> list:
+    """The (downcast) vector transforms an IndexPreTransform applies, in order. ``chain`` is a SWIG
+    std::vector read by ``at()`` and ``size()``, though faiss's stubs call it a list."""
+    chain: Any = index.chain
+    return [faiss.downcast_VectorTransform(chain.at(i)) for i in range(chain.size())]
+
+
 def _size_of(index, dim: int) -> dict:
     """per_vector, fixed, growth, assign, min_train, opq of a (downcast) faiss index object."""
     if isinstance(index, faiss.IndexPreTransform):
         inner = _size_of(_downcast(index.index), index.index.d)
-        for i in range(index.chain.size()):
-            transform = faiss.downcast_VectorTransform(index.chain.at(i))
+        for transform in pretransform_chain(index):
             inner["fixed"] += 4 * (transform.d_in * transform.d_out + transform.d_out)
             if isinstance(transform, faiss.OPQMatrix):  # trains its own 8-bit PQ unless linked to the index's
                 inner["opq"] = True
@@ -161,14 +168,17 @@ def _size_of(index, dim: int) -> dict:
             min_train = max(min_train, index.pq.ksub)
         elif isinstance(index, faiss.IndexIVFScalarQuantizer):
             fixed += 8 * index.d
-        reservable = isinstance(faiss.downcast_InvertedLists(index.invlists), faiss.ArrayInvertedLists)
+        invlists = index.invlists
+        reservable = invlists is not None and isinstance(faiss.downcast_InvertedLists(invlists),
+                                                          faiss.ArrayInvertedLists)
         per_vector = index.code_size + 8
         return {"per_vector": per_vector, "fixed": fixed, "growth": 0 if reservable else per_vector,
                 "assign": 4 if reservable else 0, "min_train": min_train, "opq": False}
     if isinstance(index, faiss.IndexHNSW):
         storage = _size_of(_downcast(index.storage), index.d)
-        m = index.hnsw.nb_neighbors(1)
-        links = 4 * (index.hnsw.nb_neighbors(0) + m / max(m - 1, 1)) + 12  # neighbours, level, offset
+        nb_neighbors = index.hnsw.nb_neighbors  # type: ignore[attr-defined]  # missing from faiss's stubs
+        m = nb_neighbors(1)
+        links = 4 * (nb_neighbors(0) + m / max(m - 1, 1)) + 12  # neighbours, level, offset
         storage.update(per_vector=storage["per_vector"] + links, growth=storage["growth"] + links)
         return storage
     if isinstance(index, faiss.IndexFlatCodes):

@@ -14,6 +14,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
+from typing import Any
 
 from fastapi import FastAPI, Request, Security
 from fastapi.concurrency import run_in_threadpool
@@ -43,7 +44,8 @@ from envs.types import Hit
 
 DOC_PATHS = ("/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc")  # the API's description: no token
 Search = Callable[[list[str], int], Awaitable[list[list[Hit]]]]
-ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 431, 500)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 408, 413, 431, 500)}
 
 
 class Counters:
@@ -195,7 +197,7 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
     app.add_middleware(Guard, token=token, limits=limits, counts=counts)
 
     def served() -> dict:
-        stats = getattr(retriever, "stats", None)
+        stats: Any = getattr(retriever, "stats", None)
         calls = {"retriever_calls": stats.calls} if hasattr(stats, "calls") else {}
         return {**counts.counts, **calls, **(batch_stats() if batch_stats else {})}
 
@@ -214,15 +216,16 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
         except Exception as err:
             raise RequestError(500, f"retrieval failed: {type(err).__name__}: {err}") from err
 
+    # The body models are built at run time from the limits (request_models): mypy sees variables, not types.
     @app.post("/search", response_model=SearchResponse, responses=ERRORS)
-    async def search_endpoint(body: models.search) -> JSONResponse:
+    async def search_endpoint(body: models.search) -> JSONResponse:  # type: ignore[name-defined]
         """Top-``k`` hits per query: ``{"results": [[hit, ...] per query]}``."""
         counts.add("requests_search")
         hits = await run_search(body.queries, body.k)
         return capped({"results": [[hit_json(h) for h in row] for row in hits]})
 
     @app.post("/retrieve", response_model=RetrieveResponse, responses=ERRORS)
-    async def retrieve_endpoint(body: models.retrieve) -> JSONResponse:
+    async def retrieve_endpoint(body: models.retrieve) -> JSONResponse:  # type: ignore[name-defined]
         """Search-R1's endpoint: its request and response shapes."""
         counts.add("requests_retrieve")
         asked = [i for i, q in enumerate(body.queries) if q.strip()]
@@ -233,7 +236,7 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
         return capped(search_r1_result(hits, body.return_scores))
 
     @app.post("/passages", response_model=PassagesResponse, responses=ERRORS)
-    async def passages_endpoint(body: models.passages) -> JSONResponse:
+    async def passages_endpoint(body: models.passages) -> JSONResponse:  # type: ignore[name-defined]
         """Passages by corpus row, in the order asked."""
         counts.add("requests_passages")
         corpus = retriever.corpus

@@ -93,7 +93,9 @@ class RepeatedWarnings(logging.Filter):
 
     def __init__(self, every: float = 60.0):
         super().__init__()
-        self.every, self._last, self._held = every, {}, {}
+        self.every = every
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

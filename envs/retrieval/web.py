@@ -256,15 +256,17 @@ class WebRetriever:
         when one of them is not kept already (the last :data:`MEMORY_WINDOWS` are)."""
         with self._lock:
             found = [self._scratch.opened.get((url, snippet)) for snippet in snippets]
-        if all(opened is not None for opened in found):
-            return found
+        kept = [opened for opened in found if opened is not None]
+        if len(kept) == len(found):
+            return kept
         page = self._page(url)
-        out = []
+        out: list[OpenedPage] = []
         for snippet, opened in zip(snippets, found):
-            if opened is None and page.error is None:
-                opened = OpenedPage(reader_window(page.text, snippet, self.config.reader_chars))
-            elif opened is None:
-                opened = OpenedPage(unreadable_page_text(snippet, page.error), error=page.error)
+            if opened is None:
+                if page.error is None:
+                    opened = OpenedPage(reader_window(page.text, snippet, self.config.reader_chars))
+                else:
+                    opened = OpenedPage(unreadable_page_text(snippet, page.error), error=page.error)
             out.append(opened)
         with self._lock:
             for snippet, opened in zip(snippets, out):
@@ -396,7 +398,7 @@ class WebRetriever:
         ``<title>``, else the engine's, else the address); the snippet when the page gave none or was
         not fetched (``<url>#page`` when it is read on opening, ``<url>#snippet`` when never)."""
         chunks = self._chunks(page)
-        if chunks:
+        if chunks and page is not None:  # a page gives chunks only when it was read
             terms = query_terms(f"{query} {result.snippet}")
             overlap = [len(terms & query_terms(text)) for text in chunks]
             best = sorted(range(len(chunks)), key=lambda i: (-overlap[i], i))[: self.config.passages_per_result]
