@@ -61,7 +61,7 @@ def guide(ctx: QuestionContext, max_tokens: int, answer_chars: int, query_chars:
     """The guided-actions expression of the next turn (None when the run is not guided)."""
     if not ctx.action_tags:
         return None
-    return turn_regex(ctx.action_tags, ctx.env.episode, ctx.env.config, max_tokens=max_tokens,
+    return turn_regex(ctx.action_tags, ctx.episode, ctx.env.config, max_tokens=max_tokens,
                       answer_chars=answer_chars, query_chars=query_chars)
 
 
@@ -91,7 +91,7 @@ async def run_agent_turns(
     stops = CLOSING_TAGS + tuple(extra_stops)
     limit = ctx.env.config.max_actions
     while not ctx.done:
-        episode = ctx.env.episode
+        episode = ctx.episode
         if force_answer and must_force_answer(episode, limit):
             if episode.awaiting_expand:  # the protocol wants an expand before the answer
                 outcome = await ctx.expand([])

@@ -168,7 +168,7 @@ def paper_env_limits(preset: str | None, method: str, dataset: str | None) -> di
 
 
 def _defaults(method: str) -> dict[str, int]:
-    fields = {f.name: f.default for f in dataclasses.fields(REGISTRY[method])}
+    fields: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(REGISTRY[method])}
     return {name: fields[name] for name in BUDGET_FIELDS[method]}
 
 

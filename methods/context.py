@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.episode import SearchRecord
+from envs.episode import EpisodeState, SearchRecord
 from envs.protocol import format_answer, format_expand, format_search
 from envs.search_env import SearchEnv
 from envs.types import Hit, QAExample
@@ -91,6 +91,14 @@ class QuestionContext:
     @property
     def done(self) -> bool:
         return self.final_info is not None
+
+    @property
+    def episode(self) -> EpisodeState:
+        """The env's current episode (the runner resets the env before a method runs)."""
+        episode = self.env.episode
+        if episode is None:
+            raise RuntimeError("the env has no episode: reset() it first")
+        return episode
 
     @property
     def tokenizer(self):
@@ -183,17 +191,17 @@ class QuestionContext:
         """
         if self.done:
             raise EpisodeOver(f"the episode already ended ({self.finish_reason})")
-        before = self.env.episode.latest
+        before = self.episode.latest
         shown_before = set(before.shown) if before is not None else set()
         observation, _, terminated, truncated, info = await self._steps.step(self.env, action, hits=hits)
         valid = info["action"] != "invalid"
         if info["action"] == "search":
-            index = self.env.episode.n_searches - 1
+            index = self.episode.n_searches - 1
             if self._open_round is not None:
                 self._open_round.append(index)
             else:
                 self.search_rounds.append([index])
-        record = self.env.episode.latest
+        record = self.episode.latest
         outcome = StepOutcome(
             observation=observation, valid=valid, reason=info.get("invalid_reason"),
             hits=list(record.hits) if record is not None else [],

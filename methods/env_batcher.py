@@ -13,7 +13,10 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
-from envs.search_env import SearchEnv, prefetch_opened_pages
+from envs.search_env import PendingStep, SearchEnv, prefetch_opened_pages
+
+Lookup = tuple[list[str], int, asyncio.Future]  # bare queries, k, their hits' future
+Owner = int | tuple[Lookup, int]  # a query's owner: a step's index in the batch, or (lookup, query index)
 
 
 class EnvStepBatcher:
@@ -21,8 +24,8 @@ class EnvStepBatcher:
         self.retriever = retriever
         self.gather_s = gather_s
         self.retrieval_calls = 0
-        self._pending: list[tuple[SearchEnv, str, asyncio.Future]] = []
-        self._lookups: list[tuple[list[str], int, asyncio.Future]] = []  # bare retrievals queued
+        self._pending: list[tuple[SearchEnv, str, asyncio.Future, list | None]] = []
+        self._lookups: list[Lookup] = []  # bare retrievals queued
         self._drainer: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -34,6 +37,7 @@ class EnvStepBatcher:
 
     def _wake(self) -> None:
         if self._drainer is None or self._drainer.done():
+            assert self._loop is not None  # set by _loop_future, which every caller runs first
             self._drainer = self._loop.create_task(self._drain())
 
     async def step(self, env: SearchEnv, action: str, hits: list | None = None):
@@ -59,7 +63,7 @@ class EnvStepBatcher:
             await asyncio.sleep(self.gather_s)  # let every runnable question queue its step
             batch, self._pending = self._pending, []
             lookups, self._lookups = self._lookups, []
-            prepared = []
+            prepared: list[PendingStep | None] = []
             for env, action, future, _ in batch:
                 try:
                     prepared.append(env.prepare(action))
@@ -80,7 +84,7 @@ class EnvStepBatcher:
 
     def _retrieve(self, batch, prepared, lookups) -> dict[int, list]:
         """One retriever call per distinct ``k`` among this round's searches and lookups (normally one)."""
-        by_k: dict[int, list[tuple[str, object]]] = defaultdict(list)  # k -> [(query, step index | lookup)]
+        by_k: dict[int, list[tuple[str, Owner]]] = defaultdict(list)  # k -> [(query, step index | lookup)]
         for i, ((env, _, _, given), pending) in enumerate(zip(batch, prepared)):
             if pending is not None and pending.query is not None and given is None:
                 by_k[env.config.candidates_per_search].append((pending.query, i))

@@ -68,7 +68,7 @@ async def choose_candidates(ctx: QuestionContext, snapshot: str, n_candidates: i
 
 def searches_left(ctx: QuestionContext) -> int:
     """Searches the env still allows while keeping one action for the answer."""
-    episode, config = ctx.env.episode, ctx.env.config
+    episode, config = ctx.episode, ctx.env.config
     per_search = 2 if config.admission == "preview" else 1
     by_actions = (config.max_actions - episode.n_actions - 1) // per_search
     return max(0, min(config.max_searches - episode.n_searches, by_actions))

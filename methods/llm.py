@@ -122,6 +122,7 @@ class LLMBackend(ABC):
         return self.tokenizer
 
     max_batch_size: int = 32  # requests per batch formed from concurrent agenerate calls
+    _batcher: RequestBatcher | None = None  # made by the first agenerate call
 
     @abstractmethod
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -129,12 +130,13 @@ class LLMBackend(ABC):
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
         """Complete one request from async code; concurrent calls are batched into ``generate``."""
-        if getattr(self, "_batcher", None) is None:
-            self._batcher = RequestBatcher(self.generate, max_batch_size=self.max_batch_size)
-        return await self._batcher.submit(request)
+        batcher = self._batcher
+        if batcher is None:
+            batcher = self._batcher = RequestBatcher(self.generate, max_batch_size=self.max_batch_size)
+        return await batcher.submit(request)
 
     def close(self) -> None:
         """Release workers, engines and connections."""
-        if getattr(self, "_batcher", None) is not None:
+        if self._batcher is not None:
             self._batcher.close()
             self._batcher = None

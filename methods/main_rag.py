@@ -83,8 +83,8 @@ def adaptive_filter(scores: list[float | None], threshold_n: float) -> tuple[lis
     if not scored:
         return [], None
     tau = judge_bar(scored, threshold_n)
-    kept = [i for i, s in enumerate(scores) if s is not None and s >= tau - TIE_TOLERANCE]
-    return sorted(kept, key=lambda i: (-scores[i], i)), tau
+    kept = [(i, s) for i, s in enumerate(scores) if s is not None and s >= tau - TIE_TOLERANCE]
+    return [i for i, _ in sorted(kept, key=lambda pair: (-pair[1], pair[0]))], tau
 
 
 def yes_no_token_ids(tokenizer: Any) -> tuple[int, int] | None:
@@ -232,12 +232,13 @@ class MainRAG(Method):
             return Assessment(answer, None, "error")
         logprobs = [c.logprobs[0] if c.logprobs and c.token_ids[:1] == [token] else None
                     for c, token in zip(forced, ids)]
-        if None in logprobs or any(math.isnan(lp) for lp in logprobs):
+        known = [lp for lp in logprobs if lp is not None]
+        if len(known) < len(logprobs) or any(math.isnan(lp) for lp in known):
             ctx.note("main_rag_logprob_missing", row=hit.row, output=[c.text for c in forced])
-        elif logprobs == [0.0, 0.0]:
+        elif known == [0.0, 0.0]:
             ctx.note("main_rag_forced_uninformative", row=hit.row)
         else:
-            return Assessment(answer, logprobs[0] - logprobs[1], "logprob")
+            return Assessment(answer, known[0] - known[1], "logprob")
         return await self.parsed_judgement(ctx, hit, answer, prompt)
 
     async def parsed_judgement(self, ctx: QuestionContext, hit: Hit, answer: str,

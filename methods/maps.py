@@ -178,9 +178,9 @@ class MAPS(Method):
             if stop_now:
                 stop = stop_now
                 break
+            purposes = [s.direction or s.query for s in searches] if self.with_directions else None
             evidence = await gather_evidence(ctx, [s.query for s in searches], self.admission,
-                                             purposes=[s.direction for s in searches] if self.with_directions else None,
-                                             select_tokens=self.select_tokens)
+                                             purposes=purposes, select_tokens=self.select_tokens)
             ctx.stats["iterations"] = iteration
             ctx.stats["sub_queries"].append(len(searches))
             if ctx.done:
@@ -257,10 +257,12 @@ class MAPS(Method):
         replies = await asyncio.gather(*(
             self.call(ctx, prompts.SUB_QUERY.format(memory=memory_text, direction=d), self.query_tokens, "sub_query")
             for d in directions))
-        if any(reply is None for reply in replies):
+        texts = [reply for reply in replies if reply is not None]
+        if len(texts) < len(replies):
             return None
-        searches, by_query = [], set()
-        for direction, reply in zip(directions, replies):
+        searches: list[Search] = []
+        by_query: set[str] = set()
+        for direction, reply in zip(directions, texts):
             query, form = parse_sub_query(reply)
             if not query:
                 query = f"{direction} {ctx.question}"

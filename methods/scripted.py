@@ -59,5 +59,5 @@ def run_scripted_episodes(venv, examples, n_expand: int = 2, seed: int = 0) -> l
                 transcripts[i].append({"action": actions[i], "observation": observations[i]})
                 if terminated[i] or truncated[i]:
                     done[i], results[i] = True, {**info["episode"], "transcript": transcripts[i]}
-        summaries.extend(results[: len(examples) - start])
+        summaries.extend(r for r in results[: len(examples) - start] if r is not None)  # all set: all done
     return summaries

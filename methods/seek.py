@@ -120,7 +120,8 @@ class Sketch:
         """
         before = {norm(s.gist): s.evidence for s in self.slots}
         source = " ".join(s.evidence for s in self.slots if s.evidence)
-        slots, edits = [], []
+        slots: list[Slot] = []
+        edits: list[dict] = []
         for revision in revisions:
             old = before.get(norm(revision.gist))
             new = old if not revision.stated else (revision.evidence[:EVIDENCE_CHARS] if revision.evidence else None)

@@ -48,10 +48,11 @@ def after_marker(text: str, marker: str) -> str:
     after a sketch call's analysis, whose own numbered lines are not topics."""
     opening = re.compile(rf"^\W*{re.escape(norm(marker))}\b\W*(.*)$", re.IGNORECASE)
     lines = text.splitlines()
-    found = [i for i, line in enumerate(lines) if opening.match(line)]
+    found = [(i, match) for i, line in enumerate(lines) if (match := opening.match(line))]
     if not found:
         return text
-    return "\n".join([opening.match(lines[found[-1]]).group(1), *lines[found[-1] + 1:]])
+    last, match = found[-1]
+    return "\n".join([match.group(1), *lines[last + 1:]])
 
 
 def parse_gists(text: str) -> list[str]:

@@ -38,7 +38,7 @@ class ChatTranscript:
 
 class TokenTranscript:
     def __init__(self, prompt_text: str, tokenizer: Any | None):
-        self.tokenizer = tokenizer
+        self.tokenizer: Any = tokenizer  # None: text only (ids stays None, so _append never calls it)
         self.text = prompt_text
         self.ids: list[int] | None = None
         if tokenizer is not None:
