@@ -350,11 +350,12 @@ def analyse(runs: Sequence[str], vs: str | None = None, encoder: str | None = No
         raise SystemExit("--fit-fraction must lie strictly between 0 and 1")
     loaded = [load_run(r) for r in runs]  # all checked before any work
     vs_records = load_run(vs)[1] if vs else None
-    for run, (_, records, _) in zip(runs, loaded if vs_records is not None else []):
-        try:  # the split pairs the runs by question id
-            check_same_questions(record_digests(records), record_digests(vs_records), str(run), f"--vs {vs}")
-        except QuestionMismatchError as err:
-            raise SystemExit(str(err)) from err
+    if vs_records is not None:
+        for run, (_, records, _) in zip(runs, loaded):
+            try:  # the split pairs the runs by question id
+                check_same_questions(record_digests(records), record_digests(vs_records), str(run), f"--vs {vs}")
+            except QuestionMismatchError as err:
+                raise SystemExit(str(err)) from err
     embeds: dict[str, Embed] = {}
     results = {}
     for name, run, (config, records, bad) in zip(run_names(runs), runs, loaded):

@@ -56,7 +56,8 @@ def _search_ok(search) -> bool:
 
 def split_records(records: Iterable) -> tuple[list[dict], dict[str, int]]:
     """(the analysable records, {reason: number skipped})."""
-    kept, skipped = [], Counter()
+    kept: list[dict] = []
+    skipped: Counter[str] = Counter()
     for record in records:
         problem = record_problem(record)
         if problem:
@@ -81,9 +82,9 @@ def rounds_of(record: dict) -> tuple[list[list[int]], bool]:
     return (rounds, True) if valid else (default, False)
 
 
-def _nanmean(values: Iterable[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return sum(values) / len(values) if values else math.nan
+def _nanmean(values: Iterable[float | None]) -> float:
+    kept = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
 
 
 # ----- 1. sub-query diversity -------------------------------------------------------------------
@@ -150,7 +151,8 @@ def retrieval_redundancy(records: Sequence[dict]) -> dict:
     """Mean pairwise Jaccard between a question's rounds (averaged over questions with >= 2 rounds)
     and the per-step overlap curve: for step t >= 2, the mean over questions reaching t of
     :func:`cumulative_overlap`."""
-    jaccards, by_step = [], {}
+    jaccards: list[float] = []
+    by_step: dict[int, list[float]] = {}
     excluded = 0
     for record in records:
         rounds, _ = rounds_of(record)

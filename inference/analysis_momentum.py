@@ -33,6 +33,7 @@ BETA_BOUNDS = (0.0, 0.999)
 BETA_1 = 0.0  # fixed: see the module docstring
 MAX_ITER = 500
 STARTS = (0.2, 0.5, 0.8)  # L-BFGS-B starting values (the same for every free beta)
+Betas = Sequence[float] | np.ndarray  # betas as a list or as the optimiser's array
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -62,7 +63,7 @@ def displacements(trajectory: np.ndarray) -> np.ndarray:
     return trajectory[1:] - trajectory[:-1]
 
 
-def momentum(disp: np.ndarray, betas: Sequence[float]) -> np.ndarray:
+def momentum(disp: np.ndarray, betas: Betas) -> np.ndarray:
     """``m_t = beta_t m_{t-1} + (1 - beta_t) d_t`` from ``m_0 = 0``.
 
     disp: ``(T, D)`` (row t-1 = d_t), or batched ``(N, T, D)``; betas: ``(>= T,)``, betas[t-1] = beta_t.
@@ -105,7 +106,7 @@ def pad_trajectories(trajectories: Sequence[np.ndarray],
     return E, rounds
 
 
-def batch_alignment(E: np.ndarray, rounds: np.ndarray, betas: Sequence[float]) -> np.ndarray:
+def batch_alignment(E: np.ndarray, rounds: np.ndarray, betas: Betas) -> np.ndarray:
     """S_t of every padded trajectory; NaN past a trajectory's last round.
 
     E: ``(N, P, D)``, rounds: ``(N,)``, betas: ``(>= P-2,)`` -> ``(N, P-2)``; column j holds S_{j+2}.
@@ -116,7 +117,7 @@ def batch_alignment(E: np.ndarray, rounds: np.ndarray, betas: Sequence[float]) -
     return np.where(reached, scores, np.nan)
 
 
-def stepwise_alignment(E: np.ndarray, rounds: np.ndarray, betas: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+def stepwise_alignment(E: np.ndarray, rounds: np.ndarray, betas: Betas) -> tuple[np.ndarray, np.ndarray]:
     """Mean S_t over the trajectories reaching step t, and their number.
 
     -> (``means (P-2,)``, NaN where no trajectory reaches t; ``counts (P-2,)``); index j is step j+2.
@@ -127,13 +128,13 @@ def stepwise_alignment(E: np.ndarray, rounds: np.ndarray, betas: Sequence[float]
     return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan), counts
 
 
-def alignment_objective(E: np.ndarray, rounds: np.ndarray, betas: Sequence[float]) -> float:
+def alignment_objective(E: np.ndarray, rounds: np.ndarray, betas: Betas) -> float:
     """Equal-weight mean over the steps reached by some trajectory of the per-step mean S_t."""
     means, counts = stepwise_alignment(E, rounds, betas)
     return float(np.mean(means[counts > 0])) if np.any(counts > 0) else math.nan
 
 
-def full_betas(free: Sequence[float]) -> np.ndarray:
+def full_betas(free: Betas) -> np.ndarray:
     """``(beta_1, beta_2, ...)`` with beta_1 fixed: free ``(k,)`` -> ``(k+1,)``."""
     return np.concatenate([[BETA_1], np.asarray(free, dtype=np.float64)])
 
@@ -157,6 +158,7 @@ def fit_betas(E: np.ndarray, rounds: np.ndarray) -> tuple[np.ndarray, float]:
                           bounds=[BETA_BOUNDS] * n_free, options={"maxiter": MAX_ITER})
         if best is None or result.fun < best.fun:
             best = result
+    assert best is not None  # STARTS is not empty
     return np.clip(best.x, *BETA_BOUNDS), float(-best.fun)
 
 

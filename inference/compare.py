@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,9 @@ def question_outcomes(records: Sequence[dict]) -> dict[str, np.ndarray]:
     records; a value a record lacks (an errored question) counts 0, as in ``metrics.json``."""
     columns: dict[str, list[float]] = {key: [] for key in (*ANSWER_KEYS, "reward", "answered", *COUNT_KEYS)}
     for record in records:
-        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+        metrics = record.get("metrics")
+        if not isinstance(metrics, dict):
+            metrics = {}
         for key in ANSWER_KEYS:
             columns[key].append(_number(metrics.get(key)))
         columns["reward"].append(_number(episode_reward(record)))
@@ -89,7 +92,7 @@ def compare_records(baseline: Sequence[dict], other: Sequence[dict], resamples: 
     by_id = {r["id"]: r for r in baseline}
     shared = [r["id"] for r in other if r["id"] in by_id]
     other_by_id = {r["id"]: r for r in other}
-    report = {"questions_paired": len(shared), "questions_only_in_baseline": len(by_id) - len(shared),
+    report: dict[str, Any] = {"questions_paired": len(shared), "questions_only_in_baseline": len(by_id) - len(shared),
               "questions_only_in_other": len(other_by_id) - len(shared), "resamples": resamples, "level": 0.95,
               "metrics": {}}
     if not shared:

@@ -118,7 +118,7 @@ def load_causal_lm(spec: str | os.PathLike = DEFAULT_MODEL, device: str = "auto"
         str(resolve_model(spec)), trust_remote_code=trust_remote_code,
         **_dtype_option(resolve_torch_dtype(dtype, device))
     )
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]  # transformers types the wrapped .to as unbound
 
 
 def resolve_torch_dtype(dtype: Any, device: str) -> Any:

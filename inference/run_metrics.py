@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 from envs.report import is_answered, summarize_episodes
 from inference.paper_metrics import is_kair_record, kair_own_denominator, matched_prefix_gain
@@ -173,7 +174,7 @@ def _cell(value, fmt: str) -> str:
 
 def _lookup(metrics: dict, key: str):
     """``metrics[key]``, where ``a.b`` reads ``metrics["a"]["b"]``; None when absent."""
-    value = metrics
+    value: Any = metrics
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value

@@ -152,7 +152,9 @@ def write_view(runs: list[str | Path], out: str | Path, max_chars: int = DEFAULT
     loaded = [load_run(run, max_chars, prompts) for run in runs]
     if len(loaded) == 2 and all(r["kind"] == "evaluation" for r in loaded):  # the page pairs them by id
         try:
-            check_same_questions(*(record_digests(r["records"]) for r in loaded), *(r["path"] for r in loaded))
+            left, right = loaded
+            check_same_questions(record_digests(left["records"]), record_digests(right["records"]),
+                                 left["path"], right["path"])
         except QuestionMismatchError as err:
             raise RunViewError(str(err)) from err
     out = Path(out)

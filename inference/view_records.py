@@ -31,6 +31,10 @@ def _list(value) -> list:
     return value if isinstance(value, list) else []
 
 
+def _mapping(value) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
 def candidate_rows(search: Mapping) -> list[list]:
     """The candidates of one search record (``envs.episode.SearchRecord.to_dict``) as rows."""
     ids = _list(search.get("ids"))
@@ -102,7 +106,7 @@ def _flags(metrics: Mapping, finish, n_invalid) -> dict:
 
 def evaluation_question(record: Mapping, max_chars: int, prompts: bool = False) -> dict:
     """One ``predictions.jsonl`` record for the page."""
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
+    metrics = _mapping(record.get("metrics"))
     breakdown = record.get("reward_breakdown")
     return {
         "id": str(record.get("id")), "question": clip(record.get("question"), max_chars),
@@ -120,8 +124,8 @@ def evaluation_question(record: Mapping, max_chars: int, prompts: bool = False) 
 def training_sample(sample: Mapping, max_chars: int) -> dict:
     """One ``samples.jsonl`` line for the page; an old line (update, question id, reward, finish,
     text) shows its text as the one turn."""
-    episode = sample.get("episode") if isinstance(sample.get("episode"), Mapping) else {}
-    metrics = episode.get("metrics") if isinstance(episode.get("metrics"), Mapping) else {}
+    episode = _mapping(sample.get("episode"))
+    metrics = _mapping(episode.get("metrics"))
     reward = episode.get("reward")
     turns = [[[str(source), clip(text, max_chars)] for source, text in turn if isinstance(source, str)]
              for turn in _list(sample.get("turns")) if isinstance(turn, list)]

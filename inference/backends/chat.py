@@ -11,9 +11,9 @@ template would silently ignore.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from methods.llm import Prompt
+from methods.llm import ChatMessages, Prompt
 
 _ROLE_NAMES = {"system": "Instructions", "user": "User", "assistant": "Assistant"}
 
@@ -78,8 +78,9 @@ def prompt_token_ids(tokenizer: Any, prompt: Prompt, thinking: bool | None = Non
     """Token ids for any prompt form: ids pass through, text and chat are tokenised once
     (``thinking``: see :func:`render_chat`)."""
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
-        return list(prompt)
-    text = render_chat(tokenizer, prompt, thinking) if isinstance(prompt, list) else prompt
+        return list(cast(list[int], prompt))
+    # a list that is not token ids is chat messages
+    text = render_chat(tokenizer, cast(ChatMessages, prompt), thinking) if isinstance(prompt, list) else prompt
     if not isinstance(text, str):
         raise ValueError(f"unsupported prompt type: {type(prompt).__name__}")
     # Chat templates already hold the BOS token; raw text gets the tokenizer's usual specials.

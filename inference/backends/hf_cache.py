@@ -27,7 +27,7 @@ import torch
 try:
     from transformers.cache_utils import Cache, DynamicLayer
 except ImportError:  # older transformers: no per-layer cache classes
-    Cache = DynamicLayer = None
+    Cache = DynamicLayer = None  # type: ignore[misc, assignment]
 
 
 def growing_cache_supported() -> bool:
@@ -56,9 +56,12 @@ if DynamicLayer is not None:
                 old_keys, old_values = self.keys, self.values
                 self.allocate(key_states.shape[0], used + new + self.reserve, key_states, value_states)
                 if used:
-                    self._keys[:, :, :used], self._values[:, :, :used] = old_keys, old_values
-            self._keys[:, :, used:used + new] = key_states
-            self._values[:, :, used:used + new] = value_states
+                    assert old_keys is not None and old_values is not None  # it holds `used` tokens
+                    keys, values = self._buffers()
+                    keys[:, :, :used], values[:, :, :used] = old_keys, old_values
+            keys, values = self._buffers()
+            keys[:, :, used:used + new] = key_states
+            values[:, :, used:used + new] = value_states
             self._expose(used + new)
             return self.keys, self.values
 
@@ -69,21 +72,28 @@ if DynamicLayer is not None:
             self._keys = like_keys.new_zeros((batch, like_keys.shape[1], capacity, like_keys.shape[-1]))
             self._values = like_values.new_zeros((batch, like_values.shape[1], capacity, like_values.shape[-1]))
 
+        def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+            """The key and value buffers (``allocate`` made them)."""
+            assert self._keys is not None and self._values is not None, "allocate() first"
+            return self._keys, self._values
+
         def _expose(self, used: int) -> None:
-            self.keys, self.values = self._keys[:, :, :used], self._values[:, :, :used]
+            keys, values = self._buffers()
+            self.keys, self.values = keys[:, :, :used], values[:, :, :used]
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
             """Keep only the rows ``indices`` (``[b']`` long), with the spare room."""
             if self._keys is None:
                 return
             used = self.get_seq_length()
-            self._keys, self._values = self._keys[indices], self._values[indices]
+            keys, values = self._buffers()
+            self._keys, self._values = keys[indices], values[indices]
             self._expose(used)
 
 
 def new_growing_cache(reserve: int = 64):
     """An empty cache whose layers (created on first use) are :class:`GrowingLayer`."""
-    return Cache(layer_class_to_replicate=partial(GrowingLayer, reserve))
+    return Cache(layer_class_to_replicate=partial(GrowingLayer, reserve))  # type: ignore[arg-type]  # a factory
 
 
 def merge_left_padded(caches: list, capacity: int, reserve: int = 64):
@@ -99,11 +109,12 @@ def merge_left_padded(caches: list, capacity: int, reserve: int = 64):
         parts = [cache.layers[index] for cache in caches]
         layer = GrowingLayer(reserve)
         layer.allocate(batch, max(capacity, length), parts[0].keys, parts[0].values)
+        keys, values = layer._buffers()
         row = 0
         for part in parts:
             rows, used = part.keys.shape[0], part.keys.shape[-2]
-            layer._keys[row:row + rows, :, length - used:length] = part.keys
-            layer._values[row:row + rows, :, length - used:length] = part.values
+            keys[row:row + rows, :, length - used:length] = part.keys
+            values[row:row + rows, :, length - used:length] = part.values
             row += rows
         layer._expose(length)
         merged.layers.append(layer)

@@ -59,15 +59,18 @@ class PrefixCache:
             single = [i for i, ids in enumerate(prompts) if ids is not None]
             others = [i for i, ids in enumerate(prompts) if ids is None]
             results: list[GenerationResult | None] = [None] * len(requests)
+            single_prompts = [ids for ids in prompts if ids is not None]  # in the order of single
             if single:
-                keys = self._assign([prompts[i] for i in single])
+                keys = self._assign(single_prompts)
                 for i, result in zip(single, self.session.generate([requests[i] for i in single], keys)):
                     results[i] = result
-                self._remember(keys, [len(prompts[i]) for i in single])
+                self._remember(keys, [len(ids) for ids in single_prompts])
             if others:
                 for i, result in zip(others, self.backend.generate_rows([requests[i] for i in others])):
                     results[i] = result
-            return results  # type: ignore[return-value]
+            finished = [result for result in results if result is not None]
+            assert len(finished) == len(results)  # each request is single or other
+            return finished
 
     def _ids(self, request: GenerationRequest) -> list[int] | None:
         try:
@@ -100,10 +103,12 @@ class PrefixCache:
             best[p] = (shared, key)
         for p in range(len(prompts)):
             if keys[p] is None:
-                keys[p] = self._new_key()
+                new_key = keys[p] = self._new_key()
                 if p in best and best[p][1] not in taken and best[p][0] >= MIN_SHARED:
-                    self._fork(best[p][1], keys[p], best[p][0])
-        return keys  # type: ignore[return-value]
+                    self._fork(best[p][1], new_key, best[p][0])
+        assigned = [key for key in keys if key is not None]
+        assert len(assigned) == len(keys)  # every prompt got a key above
+        return assigned
 
     def _new_key(self) -> int:
         self._next_key += 1

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -76,6 +76,16 @@ from methods.llm import GenerationRequest, GenerationResult
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 MIN_SHARED_PREFIX = 16  # tokens: rows sharing fewer than this beyond their caches each run them
 MAX_SHARING_LEVELS = 8  # template passes per call (each lengthens every member's cached prefix)
+
+
+class ForkingObserver(Protocol):
+    """An observer that follows shared prefixes too (see the module docstring)."""
+
+    def __call__(self, ran: list[tuple[Hashable, int, int]]) -> None: ...
+
+    def fork(self, source: Hashable, targets: list[Hashable]) -> None: ...
+
+    def forget(self, keys: list[Hashable]) -> None: ...
 
 
 @dataclass
@@ -198,7 +208,9 @@ class HFSession:
                 for row, j in enumerate(order):
                     out[batch[j]] = logits[row]
                     self._park(keys[batch[j]], contexts[j], cache, row, mask)
-        return torch.stack(out) if out else torch.empty(0)
+        filled = [logits for logits in out if logits is not None]
+        assert len(filled) == len(out)  # every sequence is in some batch
+        return torch.stack(filled) if filled else torch.empty(0)
 
     def release(self, keys: Sequence[Hashable]) -> None:
         """Forget these rows' caches."""
@@ -228,15 +240,16 @@ class HFSession:
         if not self.share_prefixes:
             return
         rows = [i for i, context in enumerate(contexts) if context]
+        row_contexts = [context for context in contexts if context]  # row_contexts[m] is contexts[rows[m]]
         for _ in range(MAX_SHARING_LEVELS):
-            cached = [self._reusable(taken.get(keys[i]), contexts[i]) for i in rows]
-            groups = shared_prefix_groups([contexts[i] for i in rows], cached)
+            cached = [self._reusable(taken.get(keys[i]), context) for i, context in zip(rows, row_contexts)]
+            groups = shared_prefix_groups(row_contexts, cached)
             if not groups:
                 return
             templates = []
             for members, length in groups:
                 donor = max(members, key=lambda m: cached[m])  # the member that has the most of it cached
-                templates.append(([keys[rows[m]] for m in members], contexts[rows[donor]][:length],
+                templates.append(([keys[rows[m]] for m in members], row_contexts[donor][:length],
                                   keys[rows[donor]]))
             self._run_templates(templates, taken)
 
@@ -245,12 +258,13 @@ class HFSession:
         """Prefill each template (members' keys, the shared ids, the donor whose cache it starts
         from) as a row of its own; every member then starts from its cache."""
         backend = self.backend
-        names = []
+        observer = cast("ForkingObserver | None", self.observer)  # prefixes are shared only with such a one
+        names: list[Hashable] = []
         for _members, _ids, donor in templates:
             self.templates_run += 1
             names.append(_Template(self.templates_run))
-            if self.observer is not None and donor in taken:
-                self.observer.fork(donor, [names[-1]])  # the template holds what the donor recorded
+            if observer is not None and donor in taken:
+                observer.fork(donor, [names[-1]])  # the template holds what the donor recorded
         contexts = [ids for _members, ids, _donor in templates]
         parked = [taken.get(donor) for _members, _ids, donor in templates]
         with backend.in_use():
@@ -264,9 +278,9 @@ class HFSession:
             shared = self.parked.pop(name)
             for key in members:
                 taken[key] = shared  # read-only: a row's cache is copied out of it (_fill), never into it
-            if self.observer is not None:
-                self.observer.fork(name, members)
-                self.observer.forget([name])
+            if observer is not None:
+                observer.fork(name, members)
+                observer.forget([name])
 
     def _decode(self, rows: list, keys: list[Hashable], taken: dict[Hashable, _Parked]) -> None:
         """Prefill one batch from the rows' caches and run the backend's decode loop over it
@@ -280,6 +294,7 @@ class HFSession:
             self._park(keys[i], rows[i].prompt + rows[i].token_ids[:self._fed(rows[i])], cache, k, mask)
 
         def stepped(live: list[int]) -> None:  # each live row ran its newest token
+            assert self.observer is not None  # passed to decode only with an observer
             self.observer([(keys[i], len(rows[i].prompt) + len(rows[i].token_ids) - 1, 1) for i in live])
 
         self.backend.decode(rows, logits, mask, cache, on_finish=finished,
@@ -360,15 +375,17 @@ class HFSession:
     def _fill(cache: Any, parked: list[_Parked | None], kept: list[int], width: int, capacity: int) -> None:
         """Write each row's first ``kept[i]`` parked tokens right-aligned at ``width`` into ``cache``
         (``capacity`` positions per layer)."""
-        source = next(p for p, k in zip(parked, kept) if k)
+        rows = [(row, p, keep) for row, (p, keep) in enumerate(zip(parked, kept)) if keep and p is not None]
+        assert len(rows) == sum(1 for keep in kept if keep)  # only a row with a parked cache keeps tokens
+        source = rows[0][1]
         for layer_index, (keys, values) in enumerate(source.layers):
             layer = GrowingLayer(reserve=0)
             layer.allocate(len(kept), capacity, keys[None], values[None])
-            for row, (p, keep) in enumerate(zip(parked, kept)):
-                if keep:
-                    part_keys, part_values = p.layers[layer_index]
-                    layer._keys[row, :, width - keep:width] = part_keys[:, :keep]
-                    layer._values[row, :, width - keep:width] = part_values[:, :keep]
+            layer_keys, layer_values = layer._buffers()
+            for row, p, keep in rows:
+                part_keys, part_values = p.layers[layer_index]
+                layer_keys[row, :, width - keep:width] = part_keys[:, :keep]
+                layer_values[row, :, width - keep:width] = part_values[:, :keep]
             layer._expose(width)
             cache.layers.append(layer)
 

@@ -90,8 +90,9 @@ def request_body(model: str, request: GenerationRequest, vllm_extensions: bool,
         body.update(messages=prompt, logprobs=True)
         if thinking is not None:
             body["chat_template_kwargs"] = {THINKING_SWITCH: thinking}
-        if vllm_extensions and prompt[-1].get("role") == "assistant":  # continue it (a transcript, a
-            body.update(add_generation_prompt=False, continue_final_message=True)  # continued thinking)
+        last = prompt[-1]  # an assistant message last is continued (a transcript, a continued thinking)
+        if vllm_extensions and isinstance(last, dict) and last.get("role") == "assistant":
+            body.update(add_generation_prompt=False, continue_final_message=True)
         return "/chat/completions", body
     if isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
         body.update(prompt=prompt, logprobs=1)

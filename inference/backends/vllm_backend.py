@@ -214,10 +214,12 @@ class VLLMBackend(LLMBackend):
                 else:
                     completions = [completion_from_output(o) for o in output.outputs]
                     results[i] = GenerationResult(completions, prompt_token_ids=list(ids))
+        finished = [result for result in results if result is not None]
+        assert len(finished) == len(results)  # each request has its result or its error
         latency = time.perf_counter() - start
-        for result in results:
+        for result in finished:
             result.latency_s = latency
-        return results  # type: ignore[return-value]
+        return finished
 
     def _run_one(self, ids: list[int], params: Any) -> Any:
         try:
@@ -275,6 +277,8 @@ def decode_tensor(dtype: str, shape: list[int], data: bytes) -> Any:
 
 class WeightSyncExtension:
     """Mixed into every vLLM worker (``worker_extension_cls``): receives encoded weights."""
+
+    model_runner: Any  # the vLLM worker's
 
     def seeds_load_weights(self, payload: list[tuple[str, str, list[int], bytes]]) -> None:
         weights = [(name, decode_tensor(dtype, shape, data)) for name, dtype, shape, data in payload]
