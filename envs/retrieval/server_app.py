@@ -182,7 +182,7 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
     the API; the interactive ``/docs`` page (Swagger UI, whose scripts a browser fetches from a
     CDN) only with ``docs``.
     """
-    models, counts = request_models(limits), Counters()
+    models, counts = request_models(limits), Counters()  # body models built at run time: mypy cannot read them as types
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -216,7 +216,6 @@ def build_app(retriever, search: Search, limits: ServerLimits, token: str | None
         except Exception as err:
             raise RequestError(500, f"retrieval failed: {type(err).__name__}: {err}") from err
 
-    # The body models are built at run time from the limits (request_models): mypy sees variables, not types.
     @app.post("/search", response_model=SearchResponse, responses=ERRORS)
     async def search_endpoint(body: models.search) -> JSONResponse:  # type: ignore[name-defined]
         """Top-``k`` hits per query: ``{"results": [[hit, ...] per query]}``."""
