@@ -57,12 +57,12 @@ if DynamicLayer is not None:
                 self.allocate(key_states.shape[0], used + new + self.reserve, key_states, value_states)
                 if used:
                     assert old_keys is not None and old_values is not None  # it holds `used` tokens
-                    keys, values = self._buffers()
+                    keys, values = self.buffers()
                     keys[:, :, :used], values[:, :, :used] = old_keys, old_values
-            keys, values = self._buffers()
+            keys, values = self.buffers()
             keys[:, :, used:used + new] = key_states
             values[:, :, used:used + new] = value_states
-            self._expose(used + new)
+            self.expose(used + new)
             return self.keys, self.values
 
         def allocate(self, batch: int, capacity: int, like_keys: torch.Tensor, like_values: torch.Tensor) -> None:
@@ -72,13 +72,14 @@ if DynamicLayer is not None:
             self._keys = like_keys.new_zeros((batch, like_keys.shape[1], capacity, like_keys.shape[-1]))
             self._values = like_values.new_zeros((batch, like_values.shape[1], capacity, like_values.shape[-1]))
 
-        def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-            """The key and value buffers (``allocate`` made them)."""
+        def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+            """The key and value buffers (``allocate`` made them), spare room included."""
             assert self._keys is not None and self._values is not None, "allocate() first"
             return self._keys, self._values
 
-        def _expose(self, used: int) -> None:
-            keys, values = self._buffers()
+        def expose(self, used: int) -> None:
+            """Show the first ``used`` positions of the buffers as the layer's keys and values."""
+            keys, values = self.buffers()
             self.keys, self.values = keys[:, :, :used], values[:, :, :used]
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
@@ -86,9 +87,9 @@ if DynamicLayer is not None:
             if self._keys is None:
                 return
             used = self.get_seq_length()
-            keys, values = self._buffers()
+            keys, values = self.buffers()
             self._keys, self._values = keys[indices], values[indices]
-            self._expose(used)
+            self.expose(used)
 
 
 def new_growing_cache(reserve: int = 64):
@@ -109,14 +110,14 @@ def merge_left_padded(caches: list, capacity: int, reserve: int = 64):
         parts = [cache.layers[index] for cache in caches]
         layer = GrowingLayer(reserve)
         layer.allocate(batch, max(capacity, length), parts[0].keys, parts[0].values)
-        keys, values = layer._buffers()
+        keys, values = layer.buffers()
         row = 0
         for part in parts:
             rows, used = part.keys.shape[0], part.keys.shape[-2]
             keys[row:row + rows, :, length - used:length] = part.keys
             values[row:row + rows, :, length - used:length] = part.values
             row += rows
-        layer._expose(length)
+        layer.expose(length)
         merged.layers.append(layer)
     return merged
 

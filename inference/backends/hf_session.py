@@ -381,12 +381,12 @@ class HFSession:
         for layer_index, (keys, values) in enumerate(source.layers):
             layer = GrowingLayer(reserve=0)
             layer.allocate(len(kept), capacity, keys[None], values[None])
-            layer_keys, layer_values = layer._buffers()
+            layer_keys, layer_values = layer.buffers()
             for row, p, keep in rows:
                 part_keys, part_values = p.layers[layer_index]
                 layer_keys[row, :, width - keep:width] = part_keys[:, :keep]
                 layer_values[row, :, width - keep:width] = part_values[:, :keep]
-            layer._expose(width)
+            layer.expose(width)
             cache.layers.append(layer)
 
     def _park(self, key: Hashable, ids: list[int], cache: Any, row: int, mask: torch.Tensor) -> None:
