@@ -1,6 +1,6 @@
 """The paired bootstrap of a difference between two runs on the same questions, and the plain
 percentile bootstrap of one run's statistic; shared by PPO's before/after evaluation
-(:mod:`training.policy_eval`, :mod:`training.curves`) and ``inference.evaluate --compare``.
+(:mod:`training.evaluation.policy_eval`, :mod:`training.evaluation.curves`) and ``inference.evaluate --compare``.
 
 Outcomes are per-question arrays (n,) keyed by name, both runs in the SAME question order. A
 statistic maps ``(outcomes, rows)`` to one value per resample: rows (R, n) of question indices ->

@@ -51,7 +51,7 @@ class SearchRecord:
 class EpisodeState:
     """What the env knows of the episode in progress (searches, opened and shown candidates, the
     answer); its :meth:`summary` is the end-of-episode summary. A rolled-out episode with its
-    tokens is :class:`training.rollout.Episode`."""
+    tokens is :class:`training.rollouts.rollout.Episode`."""
     example: QAExample
     searches: list[SearchRecord] = field(default_factory=list)
     n_actions: int = 0

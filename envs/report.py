@@ -1,5 +1,5 @@
 """One summary of many episodes, for every consumer: the env demo (``scripts/demo_episodes.py``),
-the training logs (:func:`training.rollout.rollout_stats`) and evaluation runs
+the training logs (:func:`training.rollouts.rollout.rollout_stats`) and evaluation runs
 (:func:`inference.run_metrics.summarize`).
 
 Input: end-of-episode summaries as the env writes them (``info["episode"]``, also

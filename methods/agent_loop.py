@@ -12,7 +12,7 @@ writes ``<answer>`` into the transcript for the model, lets it fill the answer (
 (:func:`forced_answer_text`; an empty one ends the episode unanswered), so the episode ends with
 its best answer instead of a truncation. Prompted methods force by default. SEEDS-R1 follows its
 one setting, ``force_answer`` (default :data:`FORCE_ANSWER_DEFAULT`), which training rollouts
-(:class:`training.rollout.RolloutConfig`) honour in exactly this way, with these same pieces.
+(:class:`training.rollouts.rollout.RolloutConfig`) honour in exactly this way, with these same pieces.
 """
 from __future__ import annotations
 

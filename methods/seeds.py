@@ -104,7 +104,7 @@ class SeedsR1(Method):
 
     ``force_answer``: with one action left, write ``<answer>`` for the model and answer with what
     it fills in (:mod:`methods.agent_loop`). Training rollouts have the same setting with the same
-    default (:class:`training.rollout.RolloutConfig`); evaluate a checkpoint as it was trained.
+    default (:class:`training.rollouts.rollout.RolloutConfig`); evaluate a checkpoint as it was trained.
     Completions reach the env as the trainer's rollouts give them (no thinking handling).
     """
 
@@ -141,7 +141,7 @@ class SeedsR1(Method):
 
 async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str,
                          constrain: bool = True) -> str | None:
-    """The judgement form in evaluation, token for token as :mod:`training.rollout_judge` lays it
+    """The judgement form in evaluation, token for token as :mod:`training.rollouts.rollout_judge` lays it
     out in training: each candidate and its question, then ONE verdict token from the model (with
     ``constrain`` and a local tokenizer: among the yes/no tokens only, as rollouts draw it); then
     the expand those verdicts make. Returns the expand's observation (None: not a snapshot to judge)."""
@@ -168,7 +168,7 @@ async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, obse
 async def judge_alone_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str,
                                constrain: bool = True) -> str | None:
     """The judgement form with ``judge_context: alone`` in evaluation, as
-    :func:`training.rollout_judge.judge_alone` lays it out in training: the snapshot is appended to
+    :func:`training.rollouts.rollout_judge.judge_alone` lays it out in training: the snapshot is appended to
     the transcript, each candidate is judged in its own context (:func:`envs.protocol.judge_alone_prompts`,
     ONE verdict token each, the calls concurrent), and the expand those verdicts make is appended as
     text the model did not write. Returns the expand's observation (None: not a snapshot to judge)."""

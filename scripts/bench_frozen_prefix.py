@@ -9,7 +9,7 @@ runs only there):
 
 - plain: every epoch runs all decoder layers;
 - cached (``cache_frozen_layers: true``): one no-grad pass of the frozen bottom layers
-  (:func:`training.frozen_prefix.prefix_hidden`), then every epoch runs only the top layers.
+  (:func:`training.models.frozen_prefix.prefix_hidden`), then every epoch runs only the top layers.
 
 Both give the same gradients (tests/test_frozen_prefix.py); this times them. Prints both times
 and, last, ``frozen_prefix_speedup=<plain seconds / cached seconds>``.
@@ -29,8 +29,8 @@ if __package__ in (None, ""):  # run as a script
 import torch
 
 from training.config import LoraSettings, PPOConfig
-from training.frozen_prefix import frozen_depth, prefix_hidden
-from training.policy_models import build_models
+from training.models.frozen_prefix import frozen_depth, prefix_hidden
+from training.models.policy_models import build_models
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """Benchmark: multi-turn rollouts against plain batched generation, in generated tokens per second.
 
 The same questions (generated from the embedded default corpus) are first rolled out with
-:func:`training.rollout.collect_rollouts` in the SEEDS-R1 environment, all in one batch, sampling
+:func:`training.rollouts.rollout.collect_rollouts` in the SEEDS-R1 environment, all in one batch, sampling
 at temperature 1 (each episode's KV cache kept across turns; ``--reprefill`` also times the path
 that prefills the whole context every turn). Then the same model generates the same number of
 tokens for the same prompts with ONE plain batched ``model.generate`` call (sampling at
@@ -37,7 +37,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.llm import GenerationRequest
 from methods.seeds import SeedsR1
-from training.rollout import RolloutConfig, collect_rollouts
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
 WORD = re.compile(r"\w+")
 

@@ -22,9 +22,9 @@ from envs.default_questions import generate_default_questions
 from inference.backends.hf import HFBackend
 from methods.llm import GenerationRequest
 from training.config import PPOConfig, load_config
-from training.inputs import load_env_config
 from training.ppo import resolve_argv
-from training.trajectories import seeds_r1_prompt_fn
+from training.runtime.inputs import load_env_config
+from training.teachers.trajectories import seeds_r1_prompt_fn
 
 
 def first_turn(backend: HFBackend, prompts: list[list[int]], samples: int, share: bool) -> tuple[float, list, int]:

@@ -24,9 +24,9 @@ from envs.types import Hit, Passage, QAExample
 from methods.prompts import r1
 from training.config import LoraSettings, PPOConfig
 from training.sft import run as run_sft
-from training.sft_collect import collect
 from training.sft_config import WarmStartConfig
-from training.trajectories import sft_rows
+from training.teachers.trajectories import sft_rows
+from training.warm_start.sft_collect import collect
 
 KEYS = ["amber", "basil", "cedar", "delta", "ember", "flint", "grove", "heron"]
 TAGS = ["<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>", "<snapshot>", "</snapshot>",

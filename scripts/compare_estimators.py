@@ -24,7 +24,7 @@ held-out questions before and after PPO. Estimators (the ``estimators`` table):
 
 The ``aggregations`` table runs one estimator (``--agg-estimator``, default ``rloo``) with each
 ``loss_agg`` (token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm; formulas in
-``training.ppo_core.aggregate_loss``). A run whose resolved config equals one already run (``rloo``
+``training.algorithm.ppo_core.aggregate_loss``). A run whose resolved config equals one already run (``rloo``
 with its default ``token_mean``) is not run twice: its row points at the same ``run_dir``.
 
 It prints each table of reward and precision after training (mean ± std over seeds, with the mean gain
@@ -49,8 +49,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from envs.atomic import write_json_atomic  # noqa: E402
 from envs.typed_config import to_dict  # noqa: E402
 from scripts.box_world import build, ppo_config, warm_start  # noqa: E402
+from training.algorithm.ppo_core import LOSS_AGGREGATIONS  # noqa: E402
 from training.ppo import train  # noqa: E402
-from training.ppo_core import LOSS_AGGREGATIONS  # noqa: E402
 
 ESTIMATORS = {
     "gae": {"advantage": "gae", "critic_warmup_updates": 0, "lr_critic": 1e-3},

@@ -64,7 +64,7 @@ def one_update(world: dict, name: str, overrides: dict, args: argparse.Namespace
 
     from scripts.box_world import ppo_config
     from training.config import LoraSettings
-    from training.policy_models import wrap_models
+    from training.models.policy_models import wrap_models
     from training.ppo import train
 
     dtype = getattr(torch, args.dtype)

@@ -1,6 +1,6 @@
 """Learning check: does the product trainer (``training/ppo.py``) teach SmolLM2 to CHOOSE which
 candidates to open on the embedded default, not to stop reading? A thin driver of the main job:
-its recipe, seeds, and the selection profile's verdict (:mod:`training.selection_profile`).
+its recipe, seeds, and the selection profile's verdict (:mod:`training.evaluation.selection_profile`).
 
     python scripts/learning_check.py                     # configs/ppo/learning_check.yaml (= the main job), seed 0
     python scripts/learning_check.py --seeds 0 1 2       # pooled over seeds (training.seed_spread)
@@ -14,7 +14,7 @@ job's size: about 15-25 minutes on 2 cores (the first call also trains the warm 
 seeds the before/after comparison is pooled with the two-level paired bootstrap of
 :mod:`training.seed_spread`. Results go to ``<out>/result.json``.
 
-Targets: the selection profile of :class:`training.selection_profile.SelectionTargets` (recall kept,
+Targets: the selection profile of :class:`training.evaluation.selection_profile.SelectionTargets` (recall kept,
 precision and selection F1 up, 1-3 documents read, EM not worse, no question copies). The exit
 status is 0 when every target is met, 1 otherwise; the last line is
 ``selection_misses=… recall_after=… precision_diff=… f1_diff=… docs_after=…``.
@@ -34,8 +34,8 @@ import yaml
 
 from envs.atomic import write_json_atomic
 from training.config import PPOConfig, load_config
+from training.evaluation.selection_profile import selection_misses
 from training.seed_spread import read_run, spread
-from training.selection_profile import selection_misses
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "ppo" / "learning_check.yaml"
 

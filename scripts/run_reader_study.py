@@ -5,11 +5,11 @@
     python scripts/run_reader_study.py --model runs/ppo-default/final_hf -- --seed 3   # PPOConfig overrides after --
 
 On the held-out questions of the PPO recipe (``--config``, default the main job's) in its env:
-the scripted teacher with each expansion rule and reader rule (``training.reader_study.teacher_table``),
+the scripted teacher with each expansion rule and reader rule (``training.studies.reader_study.teacher_table``),
 then, with ``--model``, the policy's greedy episodes (as the trainer evaluates: constrained
 verdicts, its turn and context limits) and where each answer came from
-(``training.reader_study.answer_sources``), and its answers after the recipe's warm-start teacher's
-own turns on the same questions (``training.reader_study.forced_answers``: reading alone, whatever
+(``training.evaluation.answer_sources.answer_sources``), and its answers after the recipe's warm-start teacher's
+own turns on the same questions (``training.studies.reader_study.forced_answers``: reading alone, whatever
 its verdicts would open). Writes ``<out>/reader_study.json``; the last line is
 ``teacher_em=<EM of first_title at open_rate 0.5> policy_em=<x> first_opened=<share> question_copy=<share>
 first_title_em=<EM had the policy answered with the first title it opened> forced_reads=<share of
@@ -28,13 +28,14 @@ from envs.vector_env import SearchVectorEnv  # noqa: E402
 from inference.backends.hf import HFBackend  # noqa: E402
 from inference.models import load_causal_lm, load_tokenizer  # noqa: E402
 from training.config import PPOConfig, load_config  # noqa: E402
-from training.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
-from training.ppo_report import greedy_rollout_config  # noqa: E402
-from training.reader_study import ANSWER_SOURCES, answer_sources, forced_answers, teacher_table  # noqa: E402
-from training.rollout import collect_rollouts  # noqa: E402
-from training.scripted_teacher import collect_scripted  # noqa: E402
+from training.evaluation.answer_sources import ANSWER_SOURCES, answer_sources  # noqa: E402
+from training.evaluation.ppo_report import greedy_rollout_config  # noqa: E402
+from training.rollouts.rollout import collect_rollouts  # noqa: E402
+from training.runtime.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
 from training.sft import warm_start_config  # noqa: E402
-from training.trajectories import seeds_r1_prompt_fn  # noqa: E402
+from training.studies.reader_study import forced_answers, teacher_table  # noqa: E402
+from training.teachers.scripted_teacher import collect_scripted  # noqa: E402
+from training.teachers.trajectories import seeds_r1_prompt_fn  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -58,7 +59,7 @@ def policy_summaries(cfg: PPOConfig, model, tokenizer, examples: list, retriever
 
 
 def teacher_forced(cfg: PPOConfig, model, tokenizer, examples: list, retriever, env_config) -> dict:
-    """:func:`training.reader_study.forced_answers` after the recipe's warm-start teacher on ``examples``."""
+    """:func:`training.studies.reader_study.forced_answers` after the recipe's warm-start teacher on ``examples``."""
     records = collect_scripted(examples, retriever, env_config, warm_start_config(cfg).scripted_teacher(),
                                num_envs=cfg.num_envs, seed=cfg.eval_seed, tokenizer=tokenizer)
     return forced_answers(model, tokenizer, records, env_config.expand_form, env_config.judge_context,

@@ -7,7 +7,7 @@
 Samples episodes of the PPO recipe's env (``--config``, default the main job's) with the policy
 ``--model`` on training questions: the first ``--train-questions`` for training, the next
 ``--test-questions`` held out. For each judged candidate it reads the label, the policy's π(yes)
-and the share of its words that the question shares (``training.verdict_signal``). It prints the
+and the share of its words that the question shares (``training.studies.verdict_signal``). It prints the
 AUC of both. Then, for each ``--top-layers``, it trains fresh LoRA adapters on the verdict tokens
 alone with the labels (class-balanced logistic loss, the best case for PPO's per-verdict credit) and
 prints held-out and training AUC per epoch. Writes ``<out>/verdict_signal.json``; the last line is
@@ -29,10 +29,16 @@ from envs.vector_env import SearchVectorEnv  # noqa: E402
 from inference.backends.hf import HFBackend  # noqa: E402
 from inference.models import load_causal_lm, load_tokenizer  # noqa: E402
 from training.config import PPOConfig, load_config  # noqa: E402
-from training.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
-from training.rollout import RolloutConfig, collect_rollouts  # noqa: E402
-from training.trajectories import seeds_r1_prompt_fn  # noqa: E402
-from training.verdict_signal import judged_episodes, question_overlap, roc_auc, supervised_bound, verdict_yes_logits  # noqa: E402,E501
+from training.rollouts.rollout import RolloutConfig, collect_rollouts  # noqa: E402
+from training.runtime.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
+from training.studies.verdict_signal import (  # noqa: E402,E501
+    judged_episodes,
+    question_overlap,
+    roc_auc,
+    supervised_bound,
+    verdict_yes_logits,
+)
+from training.teachers.trajectories import seeds_r1_prompt_fn  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:

@@ -44,9 +44,9 @@ def main(argv: list[str]) -> int:
     from accelerate.utils import set_seed
 
     from training.config import PPOConfig, load_config
-    from training.distributed import accelerator_handlers
-    from training.policy_models import build_models
+    from training.models.policy_models import build_models
     from training.ppo import train
+    from training.runtime.distributed import accelerator_handlers
 
     cfg = load_config(PPOConfig, argv)
     accelerator = Accelerator(kwargs_handlers=accelerator_handlers())

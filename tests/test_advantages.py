@@ -1,5 +1,5 @@
-"""The estimators added to training.advantages (rloo, Dr. GRPO, reinforce_pp), loss aggregation and
-off-policy correction in training.ppo_core, against numbers derived by hand; and one trainer update
+"""The estimators added to training.algorithm.advantages (rloo, Dr. GRPO, reinforce_pp), loss aggregation and
+off-policy correction in training.algorithm.ppo_core, against numbers derived by hand; and one trainer update
 with each of them."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tests.tiny_models import tiny_llama, tiny_tokenizer
-from training import advantages as A
-from training import ppo_core as pc
+from training.algorithm import advantages as A
+from training.algorithm import ppo_core as pc
 from training.config import ConfigError, LoraSettings, PPOConfig
-from training.policy_models import wrap_models
+from training.models.policy_models import wrap_models
 
 
 def t(*rows):
@@ -140,7 +140,7 @@ def test_one_update_with_each_setting(tmp_path, retriever, examples, overrides):
 
 
 def episodes(rewards_by_group: list[list[float]]) -> list:
-    from training.rollout import Episode
+    from training.rollouts.rollout import Episode
 
     return [Episode(token_ids=[1, 2], loss_mask=[0, 1], sampler_logprobs=[0.0, -1.0], turn_ids=[-1, 0],
                     prompt_length=1, example_id=f"q{g}", group_id=g, reward=r)
@@ -148,7 +148,7 @@ def episodes(rewards_by_group: list[list[float]]) -> list:
 
 
 def test_dynamic_sampling_drops_equal_reward_groups_and_refills():
-    from training.dapo import dynamic_sample
+    from training.algorithm.dapo import dynamic_sample
 
     first = episodes([[1.0, 1.0], [0.0, 1.0], [0.5, 0.5]])  # only group 1 is informative
     drawn = []
@@ -187,7 +187,7 @@ def test_dynamic_sampling_in_the_trainer(tmp_path, retriever, examples):
 
 
 def test_overlong_penalty_is_zero_then_linear_then_minus_one():
-    from training.dapo import overlong_penalty
+    from training.algorithm.dapo import overlong_penalty
 
     # max 100, buffer 20: free up to 80 tokens, then −1/20 per token, −1 past 100
     close(overlong_penalty(torch.tensor([10, 80, 81, 90, 100, 101, 500]), 100, 20),

@@ -1,4 +1,4 @@
-"""The answer turn's own credit (PPOConfig.answer_credit "answer", training/answer_credit.py): the
+"""The answer turn's own credit (PPOConfig.answer_credit "answer", training/algorithm/answer_credit.py): the
 answering turn's tokens take the advantage of the reward's answer term alone; every other token
 keeps the episode's."""
 from __future__ import annotations
@@ -15,13 +15,14 @@ from envs.config import EnvConfig
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
-from training import ppo, ppo_score
-from training.advantages import grpo_advantages
-from training.answer_credit import answer_term, answer_turn_advantages, answer_turn_mask
+from training import ppo
+from training.algorithm.advantages import grpo_advantages
+from training.algorithm.answer_credit import answer_term, answer_turn_advantages, answer_turn_mask
 from training.config import ConfigError, LoraSettings, PPOConfig
-from training.policy_models import wrap_models
-from training.ppo_batch import episodes_to_batch
-from training.rollout import RolloutConfig, collect_rollouts
+from training.models.policy_models import wrap_models
+from training.ppo_loop import ppo_score
+from training.ppo_loop.ppo_batch import episodes_to_batch
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
 
 def test_the_mask_marks_the_last_model_turn_of_an_answered_episode():

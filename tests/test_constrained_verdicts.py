@@ -17,9 +17,9 @@ from inference.backends.openai_backend import request_body
 from inference.backends.vllm_backend import sampling_kwargs
 from methods.llm import GenerationRequest
 from methods.seeds import SeedsR1
-from training.policy_models import sequence_logprobs
-from training.ppo_batch import episodes_to_batch
-from training.rollout import RolloutConfig, collect_rollouts
+from training.models.policy_models import sequence_logprobs
+from training.ppo_loop.ppo_batch import episodes_to_batch
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
 
 def test_judge_token_ids_are_single_tokens(tokenizer):  # noqa: F811
@@ -110,7 +110,7 @@ def test_a_verdict_the_backend_cannot_give_ends_its_episode_as_an_error(script_l
                                                                         examples, monkeypatch):
     """An error completion at a verdict (here: choices outside the vocabulary) ends that episode
     with finish_reason "error" and the backend's message, instead of stopping the rollout."""
-    import training.rollout as rollout_module
+    import training.rollouts.rollout as rollout_module
 
     monkeypatch.setattr(rollout_module, "judge_token_ids", lambda tok: (10**6, 10**6 + 1))
     venv = SearchVectorEnv(retriever, num_envs=2, config=EnvConfig(expand_form="judge", max_actions=4),

@@ -1,4 +1,4 @@
-"""training.cpu_threads: all cores shared among the machine's processes on CPU; SEEDS_RL_THREADS overrides;
+"""training.runtime.cpu_threads: all cores shared among the machine's processes on CPU; SEEDS_RL_THREADS overrides;
 and the README's launch config starts one process with no accelerate warning and all cores in use."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import cpu_threads
-from training.cpu_threads import THREADS_ENV, use_all_cores
+from training.runtime import cpu_threads
+from training.runtime.cpu_threads import THREADS_ENV, use_all_cores
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_CONFIG = REPO_ROOT / "configs" / "accelerate" / "default.yaml"
@@ -105,7 +105,7 @@ def test_passive_wait_is_a_default_only(monkeypatch):
 PROBE = """
 import sys
 sys.path.insert(0, {root!r})
-from training.cpu_threads import available_cores, use_all_cores
+from training.runtime.cpu_threads import available_cores, use_all_cores
 import os, torch
 print("launched", os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads(), use_all_cores(), available_cores())
 """

@@ -1,4 +1,4 @@
-"""training.curves: metrics.jsonl + eval.json -> curves.png, tolerant of gaps, strict on broken lines."""
+"""training.evaluation.curves: metrics.jsonl + eval.json -> curves.png, tolerant of gaps, strict on broken lines."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from training import curves
-from training.curves import RunFileError, read_metrics, write_curves
+from training.evaluation import curves
+from training.evaluation.curves import RunFileError, read_metrics, write_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -34,7 +34,7 @@ BEFORE_OUTCOMES = {"reward": [0.0, 0.2, -0.1, 0.3], "em": [0.0, 0.0, 0.0, 1.0],
                    "positives_opened": [1.0, 0.0, 1.0, 2.0], "docs_read": [2.0, 2.0, 3.0, 2.0]}
 AFTER_OUTCOMES = {"reward": [0.5, 0.4, 0.1, 0.6], "em": [1.0, 0.0, 0.0, 1.0],
                   "positives_opened": [1.0, 1.0, 1.0, 2.0], "docs_read": [1.0, 1.0, 2.0, 2.0]}
-# as training.ppo writes it (comparison rows from training.policy_eval.compare_runs)
+# as training.ppo writes it (comparison rows from training.evaluation.policy_eval.compare_runs)
 EVALUATION = {
     "before": {"reward_mean": 0.1, "em": 0.25, "selection_precision": 4 / 9},
     "after": {"reward_mean": 0.4, "em": 0.5, "selection_precision": 5 / 6},

@@ -2,9 +2,9 @@
 shaping included) and keeps tied groups whose verdicts still have a reward gap of their own."""
 from __future__ import annotations
 
-from training.dapo import dynamic_sample, has_verdict_signal, shaped_reward
-from training.rollout import Episode
-from training.rollout_judge import VerdictRow
+from training.algorithm.dapo import dynamic_sample, has_verdict_signal, shaped_reward
+from training.rollouts.rollout import Episode
+from training.rollouts.rollout_judge import VerdictRow
 
 
 def episode(group: int, reward: float, model_tokens: int, gaps: tuple[float, ...] = ()) -> Episode:

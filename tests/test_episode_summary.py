@@ -3,7 +3,7 @@ import pytest
 
 from envs.report import summarize_episodes
 from inference.run_metrics import summarize, with_current_names
-from training.rollout import Episode, rollout_stats
+from training.rollouts.rollout import Episode, rollout_stats
 
 
 def env_summary(positives_opened, negatives_opened, positives_shown, docs_shown, em, reward, answer="x"):

@@ -102,7 +102,7 @@ def test_judge_question_restates_the_question_beside_every_preview(retriever, ex
 
 def test_sft_can_show_the_teachers_verdicts_without_training_them():
     from tests.tiny_models import tiny_tokenizer
-    from training.trajectories import tokenize_trajectory
+    from training.teachers.trajectories import tokenize_trajectory
 
     tok = tiny_tokenizer()
     snapshot = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"

@@ -10,11 +10,11 @@ import torch
 
 from tests.test_ppo_loop import probe, tiny_cfg, trainable
 from tests.tiny_models import tiny_gemma3, tiny_llama, tiny_tokenizer
-from training import ppo_score
 from training.config import LoraSettings
-from training.frozen_prefix import frozen_depth, prefix_hidden
-from training.policy_models import wrap_models
+from training.models.frozen_prefix import frozen_depth, prefix_hidden
+from training.models.policy_models import wrap_models
 from training.ppo import train
+from training.ppo_loop import ppo_score
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_sft_with_the_cache_trains_the_same_adapter(tok, tmp_path):
     """The warm start's epochs over the same rows: the frozen layers run once per row, and the
     trained LoRA weights are those of the uncached run."""
     from training.sft_config import WarmStartConfig
-    from training.sft_trainer import build_trainer
+    from training.warm_start.sft_trainer import build_trainer
 
     generator = torch.Generator().manual_seed(0)
     rows = []

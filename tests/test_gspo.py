@@ -1,4 +1,4 @@
-"""GSPO (training.policy_losses.gspo_loss_terms, ``policy_loss: gspo``): one length-normalised ratio per
+"""GSPO (training.algorithm.policy_losses.gspo_loss_terms, ``policy_loss: gspo``): one length-normalised ratio per
 sequence, clipped per sequence, a per-token gradient; against numbers derived by hand."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from training.algorithm.policy_losses import gspo_loss_terms
+from training.algorithm.ppo_core import policy_loss_terms
 from training.config import ConfigError, PPOConfig
-from training.policy_losses import gspo_loss_terms
 from training.ppo import actor_objective
-from training.ppo_core import policy_loss_terms
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, -3.0]])
 STEP = torch.tensor([[0.3, -0.1, 0.1], [-0.4, -0.2, 5.0]])  # logp − old_logp; the 5.0 is padding: ignored

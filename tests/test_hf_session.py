@@ -9,8 +9,8 @@ from tiny_models import tiny_llama, tiny_tokenizer
 from inference.backends.hf import HFBackend
 from inference.backends.hf_session import common_prefix, session_supported, shared_prefix_groups
 from methods.llm import GenerationRequest
-from training.frozen_prefix import prefix_hidden
-from training.rollout_states import FrozenStateRecorder
+from training.models.frozen_prefix import prefix_hidden
+from training.rollouts.rollout_states import FrozenStateRecorder
 
 
 @pytest.fixture(scope="module")

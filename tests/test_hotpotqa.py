@@ -23,7 +23,7 @@ from envs.typed_config import load_config
 from scripts import prepare_hotpotqa as prepare_script
 from tests.conftest import PASSAGES
 from training.config import PPOConfig
-from training.inputs import REPO_ROOT, load_train_and_held_out
+from training.runtime.inputs import REPO_ROOT, load_train_and_held_out
 
 RECIPE = REPO_ROOT / "configs" / "ppo" / "hotpotqa.yaml"
 

@@ -1,5 +1,6 @@
 """The import graph of the four packages, read statically: arrows go one way
-(``training``/``inference`` → ``methods`` → ``envs``) and modules import each other in no circle."""
+(``training``/``inference`` → ``methods`` → ``envs``), modules import each other in no circle, and
+inside ``training`` the rooms (sub-packages) and the entry points at its top import down one stack."""
 from __future__ import annotations
 
 import ast
@@ -127,3 +128,68 @@ def test_function_local_imports_only_where_listed():
     assert set(local) <= LOCAL_IMPORTS_ALLOWED, (
         f"function-local project imports in {set(local) - LOCAL_IMPORTS_ALLOWED}"
     )
+
+
+# training/: its rooms (sub-packages) and the modules left at its top (entry points users run, and
+# the configuration), stacked bottom first. A unit imports only units of lower layers, never one of its
+# own layer nor one above it (function-local imports count too; `if TYPE_CHECKING:` ones do not).
+TRAINING_LAYERS = (
+    ("config",),  # training/config.py: PPOConfig
+    ("algorithm", "runtime", "teachers"),
+    ("sft_config",),  # training/sft_config.py: WarmStartConfig (names the scripted teacher's settings)
+    ("models",),
+    ("rollouts",),
+    ("evaluation",),
+    ("warm_start",),
+    ("sft",),  # python -m training.sft: the warm start's recipe, which the PPO set-up runs first
+    ("ppo_loop", "studies", "seed_spread"),  # python -m training.seed_spread
+    ("ppo", "rescore"),  # python -m training.ppo / accelerate launch training/ppo.py; python -m training.rescore
+)
+TRAINING_TOP = {"__init__", "config", "sft_config", "sft", "seed_spread", "ppo", "rescore"}
+
+
+def training_unit(module: str) -> str | None:
+    """The room or top-level module of ``training`` that ``module`` (a dotted name) belongs to."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "training" and len(parts) > 1 else None
+
+
+def against_the_stack(modules: dict[str, Path], layers=TRAINING_LAYERS) -> list[tuple[str, str]]:
+    """(module, imported name) for every import of one training unit by another not below it."""
+    layer = {unit: depth for depth, units in enumerate(layers) for unit in units}
+    bad = []
+    for mod, path in modules.items():
+        unit = training_unit(mod)
+        if unit is None:
+            continue
+        for name, _ in project_imports(path):
+            target = training_unit(name)
+            if target is not None and target != unit and not layer[target] < layer[unit]:
+                bad.append((mod, name))
+    return bad
+
+
+def test_training_rooms_import_down_the_stack():
+    bad = against_the_stack(MODULES)
+    assert bad == [], f"training imports against its stack (TRAINING_LAYERS): {bad}"
+
+
+def test_training_top_holds_only_entry_points_and_rooms_are_named():
+    training = ROOT / "training"
+    top = {p.stem for p in training.glob("*.py")}
+    assert top == TRAINING_TOP, f"modules at training/ top that belong in a room: {sorted(top - TRAINING_TOP)}"
+    rooms = {p.parent.name for p in training.glob("*/*.py")}
+    units = {unit for units in TRAINING_LAYERS for unit in units}
+    assert rooms | TRAINING_TOP - {"__init__"} == units, "every room and top-level module has its layer"
+    for room in sorted(rooms):
+        doc = ast.get_docstring(ast.parse((training / room / "__init__.py").read_text(encoding="utf-8")))
+        assert doc and "\n" not in doc, f"training/{room}/__init__.py opens with a one-line docstring"
+
+
+def test_the_room_checker_sees_an_import_up_the_stack(tmp_path):
+    low, high = tmp_path / "low.py", tmp_path / "high.py"
+    low.write_text("def f():\n    from training.studies.reader_study import teacher_table\n")
+    high.write_text("from training.algorithm.ppo_core import masked_mean\n")
+    modules = {"training.algorithm.low": low, "training.studies.high": high}
+    assert against_the_stack(modules) == [("training.algorithm.low", "training.studies.reader_study"),
+                                          ("training.algorithm.low", "training.studies.reader_study.teacher_table")]

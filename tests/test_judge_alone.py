@@ -18,12 +18,12 @@ from envs.rewards import verdict_reward_gap
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
-from training.policy_eval import roc_auc, verdict_ranking, verdict_scores
-from training.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
-from training.rollout import RolloutConfig, collect_rollouts
-from training.rollout_judge import VerdictRow
+from training.evaluation.policy_eval import roc_auc, verdict_ranking, verdict_scores
+from training.ppo_loop.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
+from training.rollouts.rollout_judge import VerdictRow
 from training.sft_config import WarmStartConfig
-from training.trajectories import alone_verdict_rows, sft_rows, tokenize_trajectory, trajectory_from_episode
+from training.teachers.trajectories import alone_verdict_rows, sft_rows, tokenize_trajectory, trajectory_from_episode
 
 SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
 
@@ -185,7 +185,7 @@ def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm
 def test_a_critic_is_refused_with_verdicts_judged_alone():
     from envs.config import EnvConfig as Env
     from training.config import PPOConfig
-    from training.ppo_setup import check_judge_context
+    from training.ppo_loop.ppo_setup import check_judge_context
 
     alone = Env(expand_form="judge", judge_context="alone")
     with pytest.raises(ValueError, match="critic-free"):

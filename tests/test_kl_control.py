@@ -1,4 +1,4 @@
-"""The KL coefficient's controllers (training.kl_control): the adaptive one's updates by hand, its
+"""The KL coefficient's controllers (training.algorithm.kl_control): the adaptive one's updates by hand, its
 settings, and in the trainer: the β each update uses, logs, saves and resumes with."""
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pytest
 
 from tests.test_ppo_loop import tiny_cfg
 from tests.tiny_models import tiny_llama, tiny_tokenizer
-from training import ppo, ppo_score
-from training.checkpoint import load_latest
+from training import ppo
+from training.algorithm.kl_control import AdaptiveKLController, FixedKLController, build_kl_controller, current_kl_coef
 from training.config import ConfigError, PPOConfig
-from training.kl_control import AdaptiveKLController, FixedKLController, build_kl_controller, current_kl_coef
-from training.policy_models import wrap_models
+from training.models.checkpoint import load_latest
+from training.models.policy_models import wrap_models
+from training.ppo_loop import ppo_score
 
 
 def test_adaptive_controller_by_hand():

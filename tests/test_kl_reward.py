@@ -13,12 +13,12 @@ from accelerate import Accelerator
 from envs.protocol import judge_token_ids
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 from tests.update_worker import default_shape_config, make_episodes
-from training import advantages as A
+from training.algorithm import advantages as A
+from training.algorithm.kl_estimators import kl_penalty
 from training.config import ConfigError, PPOConfig
-from training.kl_estimators import kl_penalty
-from training.policy_models import wrap_models
-from training.ppo_score import episode_kl_sums, episode_rewards, score
-from training.ppo_setup import Run
+from training.models.policy_models import wrap_models
+from training.ppo_loop.ppo_score import episode_kl_sums, episode_rewards, score
+from training.ppo_loop.ppo_setup import Run
 
 
 def test_episode_rewards_charge_each_episode_its_own_and_its_verdicts_kl():

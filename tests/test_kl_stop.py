@@ -1,5 +1,5 @@
 """target_kl: an update's optimizer steps end after the first mini-batch whose KL to the rollout
-policy is past the target, verdict tokens measured apart from text tokens (training/kl_stop.py)."""
+policy is past the target, verdict tokens measured apart from text tokens (training/algorithm/kl_stop.py)."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,9 @@ import torch
 
 from tests.test_ppo_loop import tiny_cfg, trainable
 from tests.tiny_models import tiny_llama, tiny_tokenizer
+from training.algorithm.kl_stop import approx_kl_sums, exceeds_target_kl, kl_means, kl_summary
 from training.config import ConfigError
-from training.kl_stop import approx_kl_sums, exceeds_target_kl, kl_means, kl_summary
-from training.policy_models import wrap_models
+from training.models.policy_models import wrap_models
 from training.ppo import train
 
 

@@ -11,7 +11,7 @@ from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
 
 from tests.test_ppo_loop import tiny_cfg
 from training.config import ConfigError, PPOConfig
-from training.policy_models import wrap_models
+from training.models.policy_models import wrap_models
 from training.ppo import actor_objective, train
 
 

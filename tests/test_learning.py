@@ -33,7 +33,7 @@ import json
 import pytest
 
 from scripts.box_world import ALONE_ENV, build, ppo_config, warm_start
-from training.reader_study import ANSWER_SHARE_KEYS
+from training.evaluation.answer_sources import ANSWER_SHARE_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_ppo_learns_which_box_to_open_judging_each_alone(setup, alone_warm_start
     assert precision["after"] >= precision["before"] + 0.5  # far above where PPO started
     assert precision["after"] >= 0.8  # and far above chance (one box of five: 0.2)
     assert reward["after"] >= 0.5 and reward["lo"] > 0  # the gain's paired bootstrap interval excludes 0
-    # where the answers came from (training.reader_study), kept in eval.json for both evaluations
+    # where the answers came from (training.studies.reader_study), kept in eval.json for both evaluations
     evaluation = json.loads((out / "eval.json").read_text())
     for side in ("before", "after"):
         shares = [evaluation[side][key] for key in ANSWER_SHARE_KEYS]

@@ -53,7 +53,7 @@ def _comparison(recall_after, docs_after):
 def test_one_seed_is_judged_by_its_own_comparison(lc):
     kept = _comparison(recall_after=0.75, docs_after=2.0)
     assert lc.pooled_comparison([{"comparison": kept}]) is kept
-    from training.selection_profile import selection_misses
+    from training.evaluation.selection_profile import selection_misses
 
     assert selection_misses(kept) == []
     stopped = _comparison(recall_after=0.06, docs_after=0.09)  # the reward rose by reading nothing

@@ -9,9 +9,9 @@ import pytest
 from envs.typed_config import ConfigError, load_config
 from tests.ppo_runs import write_tiny_run
 from training import ppo
-from training.checkpoint import list_checkpoints
 from training.config import PPOConfig
-from training.inputs import REPO_ROOT
+from training.models.checkpoint import list_checkpoints
+from training.runtime.inputs import REPO_ROOT
 from training.sft_config import WarmStartConfig
 
 PAPER_PPO = ["--config", str(REPO_ROOT / "configs/ppo/seeds_r1_qwen2.5_7b.yaml"), "--sft_checkpoint", "sft"]

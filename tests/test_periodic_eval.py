@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from training.curves import PERIODIC_PREFIX, build_figure, read_metrics
-from training.ppo_report import PERIODIC_EVAL_KEYS
+from training.evaluation.curves import PERIODIC_PREFIX, build_figure, read_metrics
+from training.evaluation.ppo_report import PERIODIC_EVAL_KEYS
 
 
 def run_tiny(tmp_path, name: str, **overrides) -> tuple[list[dict], dict]:

@@ -1,4 +1,4 @@
-"""training.ppo_core against numbers derived by hand (derivations in the comments)."""
+"""training.algorithm.ppo_core against numbers derived by hand (derivations in the comments)."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from training import advantages as adv_mod
-from training import kl_estimators as K
-from training import ppo_core as pc
+from training.algorithm import advantages as adv_mod
+from training.algorithm import kl_estimators as K
+from training.algorithm import ppo_core as pc
 
 
 def t(*rows):
@@ -351,7 +351,7 @@ def test_whitening_uses_the_statistics_of_all_processes():
     with these, not with its own [1, 2] or [3, 10] moments."""
     import math
 
-    from training.ppo_core import global_masked_moments, masked_whiten
+    from training.algorithm.ppo_core import global_masked_moments, masked_whiten
 
     rank0 = (torch.tensor([[1.0, 2.0]]), torch.tensor([[1, 1]]))
     rank1 = (torch.tensor([[3.0, 10.0, 99.0]]), torch.tensor([[1, 1, 0]]))

@@ -22,7 +22,7 @@ import torch
 
 from tests.ppo_runs import free_port, write_tiny_run
 from training.config import ConfigError, PPOConfig
-from training.distributed import accelerator_handlers, configure_deepspeed
+from training.runtime.distributed import accelerator_handlers, configure_deepspeed
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                      reason="DeepSpeed is not installed (pip install -e '.[test]' brings it)")
@@ -103,7 +103,7 @@ def test_two_cpu_processes_join_one_group_with_or_without_deepspeed(monkeypatch)
 
 
 def test_a_deepspeed_checkpoint_does_not_resume_without_deepspeed(tmp_path):
-    from training.checkpoint import load_checkpoint, save_checkpoint
+    from training.models.checkpoint import load_checkpoint, save_checkpoint
 
     actor, critic = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
     optimizers = {"actor": torch.optim.AdamW(actor.parameters()), "critic": torch.optim.AdamW(critic.parameters())}

@@ -10,12 +10,12 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.tiny_models import tiny_llama, tiny_tokenizer
-from training.checkpoint import export_hf, list_checkpoints, load_latest
 from training.config import ConfigError, LoraSettings, PPOConfig, load_config, save_resolved
-from training.inputs import next_questions
-from training.policy_models import sequence_logprobs, sequence_values, wrap_models
+from training.models.checkpoint import export_hf, list_checkpoints, load_latest
+from training.models.policy_models import sequence_logprobs, sequence_values, wrap_models
 from training.ppo import train
-from training.ppo_batch import micro_batches
+from training.ppo_loop.ppo_batch import micro_batches
+from training.runtime.inputs import next_questions
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +232,7 @@ def test_no_config_means_the_embedded_default_recipe():
 
 
 def test_sft_warm_start_hook(tmp_path, monkeypatch):
-    from training.ppo_setup import resolve_sft_checkpoint
+    from training.ppo_loop.ppo_setup import resolve_sft_checkpoint
     from training.sft import warm_start_config
 
     calls = []
@@ -256,7 +256,7 @@ def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):
     import sys
     from types import SimpleNamespace
 
-    from training.ppo_report import log_sample_table
+    from training.evaluation.ppo_report import log_sample_table
 
     logged = []
 

@@ -5,7 +5,7 @@ import dataclasses
 
 from envs.typed_config import load_config
 from training.config import PPOConfig
-from training.inputs import REPO_ROOT, load_env_config
+from training.runtime.inputs import REPO_ROOT, load_env_config
 
 RECIPES = REPO_ROOT / "configs" / "ppo"
 

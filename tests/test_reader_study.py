@@ -1,4 +1,4 @@
-"""Where the answer term goes (training/reader_study.py): answers classified against what the
+"""Where the answer term goes (training/studies/reader_study.py): answers classified against what the
 episode opened and showed, and the scripted reader rules' table on the conftest toy retriever."""
 from __future__ import annotations
 
@@ -11,19 +11,17 @@ from conftest import OverlapRetriever
 from envs.config import EnvConfig
 from envs.types import QAExample
 from tests.tiny_models import tiny_tokenizer
-from training.reader_study import (
+from training.evaluation.answer_sources import (
     ANSWER_SHARE_KEYS,
     ANSWER_SOURCES,
-    answer_context,
     answer_shares,
     answer_source,
     answer_sources,
     copies_question,
-    forced_answers,
-    teacher_table,
 )
-from training.scripted_teacher import ScriptedTeacherConfig, collect_scripted
-from training.trajectories import tokenize_trajectory
+from training.studies.reader_study import answer_context, forced_answers, teacher_table
+from training.teachers.scripted_teacher import ScriptedTeacherConfig, collect_scripted
+from training.teachers.trajectories import tokenize_trajectory
 
 QUESTION = 'Which subject is described as "River in Germany" and has a summary that begins: "The ___ flows"?'
 

@@ -1,11 +1,11 @@
-"""REINFORCE++-baseline (training.advantages): R − group mean on every model token, whitened over the
+"""REINFORCE++-baseline (training.algorithm.advantages): R − group mean on every model token, whitened over the
 model tokens of all processes, against numbers derived by hand; and its place among the outcome estimators."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from training import advantages as A
+from training.algorithm import advantages as A
 from training.config import OUTCOME_ESTIMATORS, ConfigError, PPOConfig
 
 # group a = (1, 0): deviations ±0.5; group b = (2, 0): ±1. Rows have 2, 1, 1 and 2 model tokens.

@@ -161,7 +161,7 @@ def test_evaluate_takes_a_retriever_url(server, index_dir):
 
 def test_training_configs_take_a_retriever_url(server):
     from training.config import PPOConfig
-    from training.inputs import load_retriever as ppo_retriever
+    from training.runtime.inputs import load_retriever as ppo_retriever
     from training.sft import WarmStartConfig, warm_start_config
     from training.sft import load_retriever as sft_retriever
 

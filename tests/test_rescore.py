@@ -10,9 +10,9 @@ import pytest
 from envs.rewards import RewardConfig
 from envs.typed_config import load_config, save_resolved
 from training.config import PPOConfig
-from training.inputs import REPO_ROOT
-from training.policy_eval import compare_runs
+from training.evaluation.policy_eval import compare_runs
 from training.rescore import main, rescore_run, rescored
+from training.runtime.inputs import REPO_ROOT
 
 ALPHA, BETA = 0.25, 0.15
 

@@ -10,7 +10,7 @@ import pytest
 from envs.config import EnvConfig
 from envs.rewards import RewardConfig
 from envs.search_env import SearchEnv
-from training.policy_eval import CORE_OUTCOME_KEYS, compare_runs, question_outcomes, statistics_of
+from training.evaluation.policy_eval import CORE_OUTCOME_KEYS, compare_runs, question_outcomes, statistics_of
 
 
 def episode(reward: float, em: float, selection: float | None, format_: float = 0.0) -> SimpleNamespace:

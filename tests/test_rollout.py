@@ -25,7 +25,7 @@ from envs.protocol import CLOSING_TAGS
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
-from training.rollout import (
+from training.rollouts.rollout import (
     Episode,
     RolloutConfig,
     collect_rollouts,

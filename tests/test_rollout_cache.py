@@ -12,7 +12,7 @@ from envs.config import EnvConfig
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
-from training.rollout import RolloutConfig, collect_rollouts
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
 # Prompts of 195, 219 and 192 tokens; with a 340-token cap the long one ends a turn earlier.
 QUESTIONS = [

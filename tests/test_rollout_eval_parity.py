@@ -1,7 +1,7 @@
 """Training rollouts and ``inference.evaluate --method seeds-r1`` play the same episodes.
 
 The same greedy policy (the tiny random Llama, and the scripted one of ``test_rollout``), the
-same questions and the same index go once through :func:`training.rollout.collect_rollouts` and
+same questions and the same index go once through :func:`training.rollouts.rollout.collect_rollouts` and
 once through the evaluation runner's command line (its backend swapped for the tiny model). Both
 count observation caps in the policy's tokens (a 40-token cap that bites), both force an answer
 one action before the limit or neither (``force_answer``), and they must agree on every token,
@@ -28,7 +28,7 @@ from inference import evaluate as ev
 from inference.backends.hf import HFBackend
 from inference.predictions import load_predictions
 from methods.seeds import SeedsR1
-from training.rollout import RolloutConfig, collect_rollouts
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
 QUESTIONS = [
     {"id": "a", "question": "What is the capital of France?", "golden_answers": ["Paris"]},

@@ -1,6 +1,6 @@
 """The rollout keeps the hidden states after the frozen bottom layers (``record_states_after``) for
 every episode and verdict row, equal to what the trainer's own pass gives
-(:func:`training.frozen_prefix.prefix_hidden` on the finished rows) at every position it reads,
+(:func:`training.models.frozen_prefix.prefix_hidden` on the finished rows) at every position it reads,
 and the trainer takes them instead of running those layers again."""
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from envs.config import EnvConfig
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
-from training.frozen_prefix import prefix_hidden
-from training.ppo_batch import episodes_to_batch
-from training.ppo_score import frozen_prefix_states, recorded_states
-from training.rollout import RolloutConfig, collect_rollouts
-from training.rollout_states import FrozenStateRecorder, covers, last_needed_position
+from training.models.frozen_prefix import prefix_hidden
+from training.ppo_loop.ppo_batch import episodes_to_batch
+from training.ppo_loop.ppo_score import frozen_prefix_states, recorded_states
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
+from training.rollouts.rollout_states import FrozenStateRecorder, covers, last_needed_position
 
 
 def alone_rollouts(model, tokenizer, retriever, examples, depth: int, reuse: bool = True):  # noqa: F811

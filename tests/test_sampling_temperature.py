@@ -11,9 +11,9 @@ from envs.protocol import judge_token_ids
 from inference.backends.hf import HFBackend
 from methods.llm import GenerationRequest
 from training.config import ConfigError, LoraSettings, PPOConfig
-from training.policy_models import PolicyModel, sequence_logprobs, wrap_models
-from training.rollout_engine import MergedLoraHFBackend, build_rollout_backend
-from training.rollout_generation import TurnGenerator, eos_logprobs
+from training.models.policy_models import PolicyModel, sequence_logprobs, wrap_models
+from training.rollouts.rollout_engine import MergedLoraHFBackend, build_rollout_backend
+from training.rollouts.rollout_generation import TurnGenerator, eos_logprobs
 
 TAU = 0.7
 ATOL = 3e-5  # float32 noise: a left-padded, KV-cached batch against one full forward pass

@@ -12,8 +12,8 @@ from envs.protocol import ExpandAction, SearchAction, parse_action
 from envs.search_env import TRUNCATION_MARK
 from envs.types import QAExample
 from tests.tiny_models import tiny_tokenizer
-from training import trajectories
-from training.scripted_teacher import (
+from training.teachers import trajectories
+from training.teachers.scripted_teacher import (
     UNKNOWN_ANSWER,
     OpenedPassage,
     ScriptedTeacherConfig,

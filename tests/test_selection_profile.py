@@ -1,4 +1,4 @@
-"""The selection-profile targets (training.selection_profile): a policy that raises the reward by
+"""The selection-profile targets (training.evaluation.selection_profile): a policy that raises the reward by
 opening nothing must FAIL them, and one that opens what it should must pass, on real env episodes
 of the learning test's box world (the scripted teacher plays them; no model needed)."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from envs.config import EnvConfig
 from scripts.box_world import ENV, BoxRetriever, world
-from training.policy_eval import compare_runs, question_outcomes
-from training.scripted_teacher import ScriptedTeacherConfig, collect_scripted
-from training.selection_profile import SelectionTargets, selection_misses, selection_verdict
+from training.evaluation.policy_eval import compare_runs, question_outcomes
+from training.evaluation.selection_profile import SelectionTargets, selection_misses, selection_verdict
+from training.teachers.scripted_teacher import ScriptedTeacherConfig, collect_scripted
 
 # the box world with an empty box costing twice as much: opening two boxes at random scores below
 # opening none, so a policy that stops reading RAISES the reward

@@ -21,8 +21,9 @@ from envs.vector_env import SearchVectorEnv
 from methods.llm import Completion, GenerationResult, LLMBackend
 from methods.prompts import r1
 from tests.conftest import PASSAGES
-from training import scripted_teacher, sft, trajectories
-from training.rollout import RolloutConfig, collect_rollouts
+from training import sft
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
+from training.teachers import scripted_teacher, trajectories
 
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
 
@@ -273,7 +274,7 @@ def test_model_token_loss_equals_causal_lm_loss(tokenizer):
 def test_turn_weights_give_each_turn_one_unit():
     import torch
 
-    from training.sft_trainer import turn_weights
+    from training.warm_start.sft_trainer import turn_weights
 
     targets = torch.tensor([[0, 1, 1, 1, 1, 0, 0, 1, 0],  # a 4-token turn, an observation, a 1-token turn
                             [1, 1, 0, 1, 1, 1, 0, 0, 0]]).bool()  # a turn at position 0, then a 3-token turn

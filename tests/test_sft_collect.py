@@ -12,11 +12,12 @@ from fake_llm import FakeLLM
 from envs.search_env import TRUNCATION_MARK
 from envs.types import QAExample
 from tests.tiny_models import tiny_tokenizer
-from training import sft, trajectories
+from training import sft
 from training.config import ConfigError, PPOConfig, load_config
-from training.scripted_teacher import collect_scripted
-from training.sft_collect import acceptance_stats, collect_until_accepted
 from training.sft_config import WarmStartConfig
+from training.teachers import trajectories
+from training.teachers.scripted_teacher import collect_scripted
+from training.warm_start.sft_collect import acceptance_stats, collect_until_accepted
 
 FRANCE = "What is the capital of France?"
 

@@ -11,14 +11,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tests.ppo_runs import free_port
-from training.advantages import (
+from training.algorithm.advantages import (
     AdvantageBatch,
     centred_reward_gaps,
     compute_advantages,
     global_mean,
     two_choice_advantages,
 )
-from training.ppo_core import global_masked_moments, global_sequence_count, global_token_count
+from training.algorithm.ppo_core import global_masked_moments, global_sequence_count, global_token_count
 
 ROWS = (3, 4)  # rows on rank 0 and rank 1
 T = 5

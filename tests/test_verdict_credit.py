@@ -15,10 +15,10 @@ from envs.rewards import RewardConfig, verdict_reward_gap
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
-from training.advantages import centred_reward_gaps, two_choice_advantages
+from training.algorithm.advantages import centred_reward_gaps, two_choice_advantages
 from training.config import ConfigError, PPOConfig
-from training.ppo_batch import episodes_to_batch
-from training.rollout import RolloutConfig, collect_rollouts
+from training.ppo_loop.ppo_batch import episodes_to_batch
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
 REWARD = RewardConfig(positive_opened_bonus=0.1, negative_opened_penalty=0.05, missed_positive_penalty=0.05)
 
@@ -147,7 +147,7 @@ def test_the_trainer_adds_the_credit_to_the_verdict_tokens_only(script_lm, token
     import copy
 
     from training.config import LoraSettings
-    from training.policy_models import wrap_models
+    from training.models.policy_models import wrap_models
     from training.ppo import train
 
     undecided = copy.deepcopy(script_lm)  # the scripted model, with small random yes/no rows: both get drawn

@@ -1,4 +1,4 @@
-"""training/verdict_signal.py and scripts/run_verdict_signal.py: verdicts matched to their labels, AUCs,
+"""training/studies/verdict_signal.py and scripts/run_verdict_signal.py: verdicts matched to their labels, AUCs,
 and the supervised bound learning on the box world (where the full box is always shown first)."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 
 from envs.protocol import judge_token_ids
 from scripts import box_world
-from training.rollout import Episode
-from training.verdict_signal import judged_episodes, question_overlap, roc_auc, supervised_bound
+from training.rollouts.rollout import Episode
+from training.studies.verdict_signal import judged_episodes, question_overlap, roc_auc, supervised_bound
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import run_verdict_signal as verdict_signal  # noqa: E402

@@ -22,10 +22,10 @@ from inference.compare import compare_records, compare_runs
 from inference.predictions import load_predictions
 from inference.view_records import evaluation_question, training_sample
 from tests.tiny_models import tiny_llama, tiny_tokenizer
-from training.policy_models import wrap_models
+from training.evaluation.ppo_report import episode_turns, sample_record
+from training.models.policy_models import wrap_models
 from training.ppo import train
-from training.ppo_report import episode_turns, sample_record
-from training.rollout import Episode
+from training.rollouts.rollout import Episode
 
 INJECTION = '</script><img src=x onerror="window.__pwned=1"><!--'
 QUESTIONS = [

@@ -1,4 +1,4 @@
-"""The PPO trainer's vLLM rollout engine (training.rollout_engine): weight sync, rollouts, one update.
+"""The PPO trainer's vLLM rollout engine (training.rollouts.rollout_engine): weight sync, rollouts, one update.
 
 Without vLLM only the engine-free parts run (the out-of-place LoRA merge, config, engine options,
 tokenizer checks, the HF engine). With vLLM (``.venv-vllm`` of docs/methods.md, "vLLM on a CPU
@@ -26,11 +26,11 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.vllm_backend import hf_state_items
 from methods.seeds import SeedsR1
 from tests.tiny_models import script_weights, tiny_tokenizer
-from training import rollout_engine
 from training.config import ConfigError, LoraSettings, PPOConfig, VLLMSettings, load_config
-from training.policy_models import wrap_models
-from training.rollout import RolloutConfig, collect_rollouts
-from training.rollout_engine import (
+from training.models.policy_models import wrap_models
+from training.rollouts import rollout_engine
+from training.rollouts.rollout import RolloutConfig, collect_rollouts
+from training.rollouts.rollout_engine import (
     build_rollout_backend,
     check_same_tokenizer,
     sync_rollout_weights,
@@ -314,7 +314,7 @@ def test_vllm_rollouts_record_the_actors_logprobs(engine, retriever, examples):
     assert check_sampler_logprobs(episodes, models.actor) >= 4 * 8
 
     # A scripted policy pushed into the same engine: greedy search -> expand -> answer, then EOS,
-    # whose log-prob comes from vLLM's prompt log-probs (training.rollout.eos_logprobs).
+    # whose log-prob comes from vLLM's prompt log-probs (training.rollouts.rollout.eos_logprobs).
     script = wrap_models(scripted(llama(engine.tokenizer), engine.tokenizer), engine.tokenizer, engine.cfg)
     sync_rollout_weights(engine.backend, script.actor)
     venv = SearchVectorEnv(retriever, num_envs=2, config=EnvConfig())
@@ -341,7 +341,7 @@ def test_one_ppo_update_with_the_vllm_engine(engine, tmp_path, retriever, exampl
         syncs.append((backend, engine_logprobs(backend, engine.ids), trainer_logprobs(policy, engine.ids)))
         return seconds
 
-    for user in ("training.ppo", "training.ppo_setup"):  # where train() calls it: before rollouts, evaluations
+    for user in ("training.ppo", "training.ppo_loop.ppo_setup"):  # where train() calls it: before rollouts, evaluations
         monkeypatch.setattr(f"{user}.sync_rollout_weights", spy)
     result = train(cfg, retriever=retriever, examples=examples, eval_examples=examples[:1], models=models)
     # Synced before the first evaluation, before the update's rollouts and before the last evaluation,

@@ -11,10 +11,12 @@ import torch
 
 from tests.conftest import PASSAGES, OverlapRetriever
 from tests.ppo_runs import write_tiny_run
-from training import ppo_setup, sft, warm_start_cache
+from training import sft
 from training.config import PPOConfig, load_config
-from training.policy_eval import OUTCOME_KEYS
+from training.evaluation.policy_eval import OUTCOME_KEYS
 from training.ppo import train
+from training.ppo_loop import ppo_setup
+from training.warm_start import warm_start_cache
 
 TINY_SFT = {"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3, "num_questions": 4}
 

@@ -25,7 +25,7 @@ from envs.types import QAExample
 from inference import evaluate as ev
 from methods.runner import run_questions_sync
 from training.config import PPOConfig
-from training.inputs import load_retriever as load_ppo_retriever
+from training.runtime.inputs import load_retriever as load_ppo_retriever
 
 FRANCE = "capital of France"
 

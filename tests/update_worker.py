@@ -30,8 +30,8 @@ QUESTIONS, SAMPLES = 4, 3
 def make_episodes(tokenizer, yes_no: tuple[int, int]) -> list[list]:
     """Per question, its SAMPLES episodes (deterministic); questions 2 and 3 have three verdicts per
     episode, questions 0 and 1 one."""
-    from training.rollout import Episode
-    from training.rollout_judge import VerdictRow
+    from training.rollouts.rollout import Episode
+    from training.rollouts.rollout_judge import VerdictRow
 
     rng = random.Random(11)
     vocab = len(tokenizer)
@@ -73,10 +73,10 @@ def main(out: str) -> int:
     import training.ppo as ppo
     from envs.protocol import judge_token_ids
     from tests.tiny_models import tiny_llama, tiny_tokenizer
-    from training.distributed import accelerator_handlers
-    from training.policy_models import wrap_models
-    from training.ppo_score import score
-    from training.ppo_setup import Run, prepare_optimization
+    from training.models.policy_models import wrap_models
+    from training.ppo_loop.ppo_score import score
+    from training.ppo_loop.ppo_setup import Run, prepare_optimization
+    from training.runtime.distributed import accelerator_handlers
 
     accelerator = Accelerator(kwargs_handlers=accelerator_handlers())
     rank, world = accelerator.process_index, accelerator.num_processes

@@ -1,4 +1,4 @@
-"""SEEDS-R1 PPO, readable top to bottom (CleanRL style; the batch scoring is in :mod:`training.ppo_score`).
+"""SEEDS-R1 PPO, readable top to bottom (CleanRL style; the batch scoring is in :mod:`training.ppo_loop.ppo_score`).
 
     python -m training.ppo --config configs/ppo/default.yaml            # embedded default, CPU
     accelerate launch training/ppo.py --config configs/ppo/seeds_r1_qwen2.5_7b.yaml --model /models/qwen
@@ -10,15 +10,15 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
 1. take the next ``questions_per_update`` questions (each process its own shard) and roll out
    ``samples_per_question`` episodes each with the CURRENT actor (``rollout_engine``: the HF
    backend over the live weights, LoRA active, or vLLM with the actor's weights synced in first,
-   :mod:`training.rollout_engine`), token-in/token-out (:mod:`training.rollout`);
+   :mod:`training.rollouts.rollout_engine`), token-in/token-out (:mod:`training.rollouts.rollout`);
 2. pad the episodes into (B, T) tensors; every per-token tensor is (B, T−1) and position ``t``
    is about token ``t+1`` (``model_mask[:, t] = loss_mask[t+1]``);
 3. with no gradients: old log-probs (trainer's own forward, or the sampler's with ``old_logprobs: sampler``), reference
    log-probs (adapter off / frozen copy; with LoRA from the frozen-layer cache too), values;
 4. token rewards: the episode reward on its last model token, −β·KL on model tokens when
    ``kl_mode == "reward"``; advantages and returns from the chosen estimator
-   (:mod:`training.advantages`: gae, grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline), β from
-   the KL controller (:mod:`training.kl_control`); with ``tis``, the sampler's tokens get importance
+   (:mod:`training.algorithm.advantages`: gae, grpo, rloo, reinforce, reinforce_pp, reinforce_pp_baseline), β from
+   the KL controller (:mod:`training.algorithm.kl_control`); with ``tis``, the sampler's tokens get importance
    weights toward the trainer's old policy;
 5. ``ppo_epochs`` × ``mini_batches`` optimizer steps, each accumulating micro-batches of the
    actor's per-token loss (``policy_loss``'s clipped surrogate − entropy_coef·H [+ β·KL]) aggregated by ``loss_agg``
@@ -29,9 +29,9 @@ Every hyper-parameter lives in :class:`training.config.PPOConfig`. One update:
    after that update is exported to ``final_hf`` then (SEEDS reports step 450 of 500), else the last.
 
 The policy is evaluated greedily on held-out questions before and after training. :func:`train`
-reads top to bottom: :func:`training.ppo_setup.set_up` (accelerator, data, warm start, models,
+reads top to bottom: :func:`training.ppo_loop.ppo_setup.set_up` (accelerator, data, warm start, models,
 optimizers, rollout backend), the greedy evaluation, then per update :func:`collect` (1),
-:func:`training.ppo_score.score` (2-4), :func:`optimize` (5), :func:`update_stats` and the logs
+:func:`training.ppo_loop.ppo_score.score` (2-4), :func:`optimize` (5), :func:`update_stats` and the logs
 (6), and :func:`finish`.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 if __package__ in (None, ""):  # `accelerate launch training/ppo.py` runs this file as a script
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.cpu_threads import prefer_passive_openmp_wait  # before torch: see below
+from training.runtime.cpu_threads import prefer_passive_openmp_wait  # before torch: see below
 
 prefer_passive_openmp_wait()  # OpenMP reads OMP_WAIT_POLICY when torch loads it
 
@@ -56,20 +56,12 @@ import torch
 from tqdm import tqdm
 
 from envs.vector_env import SearchVectorEnv
-from training.checkpoint import export_hf, load_checkpoint, save_checkpoint
-from training.config import PPOConfig, load_config
-from training.curves import write_curves_or_warn
-from training.dapo import EXTRA_STREAM_SEED, dynamic_sample, has_verdict_signal, shaped_reward
-from training.distributed import accumulating, backward, optimizer_step, reduce_mean
-from training.inputs import REPO_ROOT, next_questions
-from training.kl_control import current_kl_coef
-from training.kl_estimators import kl_penalty
-from training.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
-from training.policy_eval import result_line
-from training.policy_losses import gspo_loss_terms
-from training.policy_models import sequence_values
-from training.ppo_batch import micro_batches, select
-from training.ppo_core import (
+from training.algorithm.dapo import EXTRA_STREAM_SEED, dynamic_sample, has_verdict_signal, shaped_reward
+from training.algorithm.kl_control import current_kl_coef
+from training.algorithm.kl_estimators import kl_penalty
+from training.algorithm.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
+from training.algorithm.policy_losses import gspo_loss_terms
+from training.algorithm.ppo_core import (
     aggregate_loss,
     explained_variance,
     global_sequence_count,
@@ -79,7 +71,10 @@ from training.ppo_core import (
     policy_loss_terms,
     value_loss,
 )
-from training.ppo_report import (
+from training.config import PPOConfig, load_config
+from training.evaluation.curves import write_curves_or_warn
+from training.evaluation.policy_eval import result_line
+from training.evaluation.ppo_report import (
     ROLLOUT_KEYS,
     format_update_stats,
     periodic_evaluation_due,
@@ -88,12 +83,17 @@ from training.ppo_report import (
     sampled_verdict_auc,
     write_update_logs,
 )
-from training.ppo_score import prefix_of, score
-from training.ppo_setup import Run, evaluate, evaluate_before, set_up
-from training.rollout import RolloutConfig, collect_rollouts, rollout_stats
-from training.rollout_engine import close_rollout_backend, sync_rollout_weights
-from training.selection_profile import selection_verdict
-from training.warm_start_cache import preserved_rng
+from training.evaluation.selection_profile import selection_verdict
+from training.models.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from training.models.policy_models import sequence_values
+from training.ppo_loop.ppo_batch import micro_batches, select
+from training.ppo_loop.ppo_score import prefix_of, score
+from training.ppo_loop.ppo_setup import Run, evaluate, evaluate_before, set_up
+from training.rollouts.rollout import RolloutConfig, collect_rollouts, rollout_stats
+from training.rollouts.rollout_engine import close_rollout_backend, sync_rollout_weights
+from training.runtime.distributed import accumulating, backward, optimizer_step, reduce_mean
+from training.runtime.inputs import REPO_ROOT, next_questions
+from training.warm_start.warm_start_cache import preserved_rng
 
 DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
 
@@ -105,7 +105,7 @@ def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, m
                     n_tokens: torch.Tensor, n_sequences: torch.Tensor, kl_coef: float | None = None
                     ) -> tuple[torch.Tensor, float, float, dict]:
     """One micro-batch's share of the actor's loss, aggregated by ``cfg.loss_agg``
-    (:func:`training.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
+    (:func:`training.algorithm.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
 
     Per model token: the clipped surrogate of ``cfg.policy_loss`` (PPO's per-token ratio, or GSPO's
     sequence ratio) times the importance weight with ``tis``, − entropy_coef·H_t (+ β·KL_t with
@@ -145,7 +145,7 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
                                 samples_per_question=cfg.samples_per_question,
                                 seed=(cfg.seed * 100_003 + update) * 1_009 + rank,
                                 constrain_verdicts=cfg.constrain_verdicts,
-                                # the HF rollout keeps the trainer's frozen-layer states (training/rollout_states.py)
+                                # the HF rollout keeps the trainer's frozen-layer states (rollouts/rollout_states.py)
                                 record_states_after=run.frozen_depth if cfg.reuse_rollout_states else 0)
     t_sync = sync_rollout_weights(run.backend, run.policy)  # vLLM: the actor's current weights; hf: nothing to do
     episodes = collect_rollouts(run.backend, venv, shard, rollout_cfg, run.prompt_fn,
@@ -209,7 +209,7 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
                           "tokens"), 0.0)
     grad_norms = {"actor": [], "critic": []}
     gap = [0.0, 0.0]  # |sampler − trainer| log-prob sum and token count, before the first actor step
-    kl_steps, stopped = [], False  # each mini-batch's KL sums (training/kl_stop.py: target_kl)
+    kl_steps, stopped = [], False  # each mini-batch's KL sums (training/algorithm/kl_stop.py: target_kl)
     shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
     lengths = batch["attention_mask"].sum(-1)
     for epoch in range(cfg.ppo_epochs):

@@ -31,8 +31,8 @@ import numpy as np
 from envs.rewards import RewardConfig
 from envs.typed_config import ConfigError, load_config
 from training.config import PPOConfig
-from training.inputs import load_env_config
-from training.policy_eval import compare_runs, result_line
+from training.evaluation.policy_eval import compare_runs, result_line
+from training.runtime.inputs import load_env_config
 from training.seed_spread import RunFolderError, read_run
 
 

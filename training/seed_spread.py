@@ -3,7 +3,7 @@ runs with a two-level bootstrap interval (runs, then questions).
 
     python -m training.seed_spread runs/seed0 runs/seed1 runs/seed2 [--out spread.json]
 
-Every run folder holds the ``eval.json`` the trainer writes (:func:`training.ppo_report.report_before_after`:
+Every run folder holds the ``eval.json`` the trainer writes (:func:`training.evaluation.ppo_report.report_before_after`:
 per-question outcomes before and after PPO, in the same question order in every run that used the
 same ``eval_questions`` and ``eval_seed``). Printed per run: before -> after, the difference and its
 paired bootstrap 95% interval (as the run itself printed it); then over the runs: the standard
@@ -37,8 +37,14 @@ import yaml
 
 from envs.atomic import write_json_atomic
 from envs.bootstrap import bootstrap_interval, mean_of, multi_run_paired_bootstrap
-from training.policy_eval import CORE_OUTCOME_KEYS, OPTIONAL_OUTCOME_KEYS, STATISTICS, compare_runs, statistics_of
-from training.selection_profile import selection_verdict
+from training.evaluation.policy_eval import (
+    CORE_OUTCOME_KEYS,
+    OPTIONAL_OUTCOME_KEYS,
+    STATISTICS,
+    compare_runs,
+    statistics_of,
+)
+from training.evaluation.selection_profile import selection_verdict
 
 
 class RunFolderError(ValueError):
@@ -47,7 +53,7 @@ class RunFolderError(ValueError):
 
 def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
     """A run's per-question outcomes {"before": {key: (n,)}, "after": {key: (n,)}} from its ``eval.json``:
-    :data:`~training.policy_eval.CORE_OUTCOME_KEYS`, and the optional ones (the reward's parts, the
+    :data:`~training.evaluation.policy_eval.CORE_OUTCOME_KEYS`, and the optional ones (the reward's parts, the
     reading outcomes) where both sides have them."""
     path = Path(folder) / "eval.json"
     if not path.is_file():

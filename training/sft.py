@@ -4,7 +4,7 @@ Three stages, each usable alone:
 
 1. **Collect** trajectories in the SEEDS-R1 protocol (one JSONL record per episode):
 
-   - the *scripted teacher* (:mod:`training.scripted_teacher`), no LLM, which never uses the
+   - the *scripted teacher* (:mod:`training.teachers.scripted_teacher`), no LLM, which never uses the
      gold answer: it searches the question (later, only a title it was shown), opens random
      candidates (``teacher_expand="random"``, the default: the protocol is taught, WHICH
      candidates to open is left to PPO; ``"positives"`` opens the gold-labelled positives and is
@@ -19,20 +19,20 @@ Three stages, each usable alone:
    invalid action, every search followed by an expand, ended with an answer) AND the answer is
    exactly right or a gold answer appeared in some observation; :func:`split_train_dev` makes a
    seeded 90/10 split. With ``target_accepted`` the collection stops once that many are
-   accepted (:func:`training.sft_collect.collect_until_accepted`). The acceptance rate is
+   accepted (:func:`training.warm_start.sft_collect.collect_until_accepted`). The acceptance rate is
    printed and written to ``acceptance.json`` and ``sft_summary.json``.
 
 3. **Train** (:func:`train_sft`): every record becomes ``input_ids`` + ``labels`` in the exact
-   token layout of :mod:`training.rollout` (:func:`tokenize_trajectory`): prompt ids from
+   token layout of :mod:`training.rollouts.rollout` (:func:`tokenize_trajectory`): prompt ids from
    ``tokenizer(prompt, add_special_tokens=True)``, model segments with
    ``add_special_tokens=False`` (loss on them, closing tags included), observations as
    ``"\\n" + observation + "\\n"`` (no loss), and the EOS after the final answer (loss on it).
    After each epoch :class:`DevEMCallback` runs the current model greedily over the dev
-   questions (:func:`training.rollout.collect_rollouts`) and saves it when its dev EM is the
+   questions (:func:`training.rollouts.rollout.collect_rollouts`) and saves it when its dev EM is the
    best so far; the best one is returned as a Hugging Face folder (LoRA merged on request).
 
-Acceptance, the split and the token layout live in :mod:`training.trajectories`; the
-collection stage in :mod:`training.sft_collect`; the settings in :mod:`training.sft_config`.
+Acceptance, the split and the token layout live in :mod:`training.teachers.trajectories`; the
+collection stage in :mod:`training.warm_start.sft_collect`; the settings in :mod:`training.sft_config`.
 Every env built for the warm start counts observation caps in the policy's tokens.
 Observation segments hold the env's observation as returned; the ``"\\n"`` around it is added
 by the layout. Entry points: :func:`warm_start` (used by the PPO trainer), :func:`run` and the
@@ -61,10 +61,12 @@ from envs.data import load_questions
 from envs.typed_config import merge_values
 from envs.types import QAExample
 from inference.models import load_tokenizer
-from training import warm_start_cache
 from training.config import ConfigError, PPOConfig, help_text, load_config
-from training.inputs import load_env_config
-from training.sft_collect import (
+from training.runtime.inputs import load_env_config
+from training.sft_config import WarmStartConfig, nest_flat_lora_keys
+from training.teachers.trajectories import acceptance, split_train_dev
+from training.warm_start import warm_start_cache
+from training.warm_start.sft_collect import (
     acceptance_line,
     acceptance_stats,
     collect,
@@ -72,13 +74,11 @@ from training.sft_collect import (
     load_retriever,
     read_jsonl,
 )
-from training.sft_config import WarmStartConfig, nest_flat_lora_keys
-from training.sft_trainer import build_trainer, dev_em, merge_adapter, model_token_nll, train_sft
-from training.trajectories import acceptance, split_train_dev
+from training.warm_start.sft_trainer import build_trainer, dev_em, merge_adapter, model_token_nll, train_sft
 
 log = logging.getLogger("training.sft")
 
-# build_trainer, dev_em, merge_adapter, model_token_nll and train_sft live in training.sft_trainer
+# build_trainer, dev_em, merge_adapter, model_token_nll and train_sft live in training.warm_start.sft_trainer
 __all__ = ["WarmStartConfig", "acceptance_stats", "build_trainer", "collect", "collect_until_accepted", "dev_em",
            "load_retriever", "merge_adapter", "model_token_nll", "read_jsonl", "run", "train_sft", "warm_start"]
 
@@ -107,7 +107,7 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
     the collection count observation caps in the policy's tokens (``tokenizer``, else
     ``config.model``'s). ``cache``: take ``model/`` (and ``adapter/``) from an earlier warm start of
     the same config, records, code and versions, or keep this one for later runs
-    (:mod:`training.warm_start_cache`; the summary then names the entry as ``reused_from``).
+    (:mod:`training.warm_start.warm_start_cache`; the summary then names the entry as ``reused_from``).
     """
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ def warm_start_config(ppo_cfg: PPOConfig) -> WarmStartConfig:
     """The :class:`WarmStartConfig` of a PPO run's automatic warm start.
 
     From the PPO config: ``model``, ``dtype``, ``seed``, ``index``, ``corpus``, the env (``env_config``
-    recipe plus ``env`` overrides, resolved by :func:`training.inputs.load_env_config`), the ``lora``
+    recipe plus ``env`` overrides, resolved by :func:`training.runtime.inputs.load_env_config`), the ``lora``
     section itself (a LoRA PPO run gets a LoRA warm start on the same layers, merged; a full one a
     full fine-tune), and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
     :data:`PPO_WARM_START`, ``ppo_cfg.sft`` overrides any field (``--sft.epochs 1``, ``--sft.lora.r 8``).

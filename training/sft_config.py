@@ -10,8 +10,8 @@ from pathlib import Path
 from envs import typed_config
 from envs.config import EnvConfig
 from training.config import LoraSettings, check_env_overrides
-from training.scripted_teacher import ScriptedTeacherConfig
-from training.trajectories import VERDICT_LABELS
+from training.teachers.scripted_teacher import ScriptedTeacherConfig
+from training.teachers.trajectories import VERDICT_LABELS
 
 PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
 SFT_LOSS_AGGS = ("token_mean", "turn_mean")  # training.sft_trainer.model_token_nll

@@ -29,8 +29,8 @@ Log-probabilities (``Completion.logprobs``), by ``logprobs_mode``:
 - ``"sampled"``: ``"processed"`` for rows sampled with ``temperature > 0`` (the behaviour policy
   μ the token was drawn from: ``log_softmax(logits / temperature)[token]`` when top-k and top-p
   are off), ``"raw"`` for greedy rows (so a greedy evaluation still reads π(yes) of a verdict).
-  The PPO rollout engine uses it (:mod:`training.rollout_engine`); the trainer divides its logits
-  by the same temperature (:func:`training.policy_models.sequence_logprobs`).
+  The PPO rollout engine uses it (:mod:`training.rollouts.rollout_engine`); the trainer divides its logits
+  by the same temperature (:func:`training.models.policy_models.sequence_logprobs`).
 
 Guided decoding: a request with ``regex`` decodes only tokens that keep its completion a prefix
 of the expression (:mod:`inference.backends.guided`, llguidance); as with ``allowed_token_ids``,

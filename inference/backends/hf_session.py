@@ -47,7 +47,7 @@ An ``observer`` (optional) is told after every forward pass which tokens each ro
 in batch order, of ``(key, first, count)``: row ``i`` of that pass ran positions ``first ..
 first + count - 1`` of row ``key``'s context, in its last ``count`` input columns (so a forward
 hook on a decoder layer can keep each row's hidden states by position;
-:mod:`training.rollout_states` keeps the frozen bottom layers' states for the trainer). Shared
+:mod:`training.rollouts.rollout_states` keeps the frozen bottom layers' states for the trainer). Shared
 prefixes need an observer that also has ``fork(source, targets)`` (rows ``targets`` now hold row
 ``source``'s cached tokens: give them what it recorded for those) and ``forget(keys)``; with any
 other observer each row runs its whole context, so the observer sees every position run for it.

@@ -1,0 +1,78 @@
+"""KL estimators between the policy and the reference, per token: one formula each.
+
+Notation as in :mod:`training.algorithm.ppo_core`: logp, ref_logp (B, T) log-probabilities of the sampled
+token under the current (or old) policy and the reference. Which one a run uses is
+``PPOConfig.kl_estimator``; docs/rl_algorithms.md ("KL estimators") says which gradient each
+follows as a loss.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from training.algorithm.ppo_core import LOG_RATIO_CLAMP
+
+
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k1 = logp − ref_logp (unbiased estimate of KL(π‖π_ref), high variance, can be < 0).
+
+    logp, ref_logp: (B, T) -> (B, T).
+    """
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """k2 = ½·(logp − ref_logp)² (biased, low variance, ≥ 0; its gradient is the KL gradient).
+
+    logp, ref_logp: (B, T) -> (B, T).
+    """
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float | None = 10.0) -> torch.Tensor:
+    """k3 = exp(x) − x − 1 with x = ref_logp − logp (unbiased, low variance, ≥ 0).
+
+    logp, ref_logp: (B, T) -> (B, T). x is clamped to ±20 and the result to ≤ clamp (None: no cap)
+    so one extreme token cannot produce inf.
+    """
+    x = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    k3 = torch.exp(x) - x - 1.0
+    return k3 if clamp is None else k3.clamp(max=clamp)
+
+
+def kl_two_way_exact(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Exact KL(π‖π_ref) of a two-way choice from the log-prob of the option taken:
+    p log(p/q) + (1 − p) log((1 − p)/(1 − q)), p = exp(logp), q = exp(ref_logp), renormalised over
+    the two options (a constrained verdict's log-prob). The same value whichever option was sampled:
+    no sampling variance, and as a loss its gradient is the true gradient of KL(π‖π_ref).
+
+    logp, ref_logp: (B, T) -> (B, T) ≥ 0. Log-probs are capped just below 0 so that
+    log(1 − p) stays finite; off the choices (logp = ref_logp = 0) the result is 0.
+    """
+    cap = -1e-7
+    lp, lq = logp.clamp(-LOG_RATIO_CLAMP, cap), ref_logp.clamp(-LOG_RATIO_CLAMP, cap)
+    l1p, l1q = torch.log(-torch.expm1(lp)), torch.log(-torch.expm1(lq))  # log(1 − p), log(1 − q)
+    return lp.exp() * (lp - lq) + torch.exp(l1p) * (l1p - l1q)
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": kl_k1, "kl": kl_k1,
+    "k2": kl_k2, "mse": kl_k2,
+    "k3": kl_k3, "low_var_kl": kl_k3,
+    "exact": kl_two_way_exact,
+}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token KL estimate of the chosen kind: "k1"/"kl", "k2"/"mse", "k3"/"low_var_kl", "exact".
+
+    logp, ref_logp: (B, T) -> (B, T) (unmasked; mask it where it is used).
+    As values (KL in the reward) k1 and k3 are unbiased estimates of KL(π‖π_ref) on tokens drawn
+    from π. As a loss on tokens drawn from π_old = π their gradients differ: k1's expected gradient
+    is 0; k2's is ∇KL(π‖π_ref); k3's is ∇KL(π_ref‖π) = −Σ π_ref ∇log π (the reverse direction);
+    "exact" (two-way choices only) is KL(π‖π_ref) itself.
+    """
+    if kind not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {kind!r}; choose from {sorted(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[kind](logp, ref_logp)

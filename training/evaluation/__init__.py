@@ -1,0 +1,1 @@
+"""Evaluation and reports: greedy evaluations, their statistics and comparisons, answer sources, curves."""
