@@ -93,6 +93,9 @@ class PPOConfig:
     # with the cache and the HF rollout engine: take those states from the rollout, which ran the same
     # layers over the same tokens (training/rollout_states.py); equal up to float noise, not bit for bit
     reuse_rollout_states: bool = True
+    # torch.compile the actor's trained decoder layers (LoRA's top layers; training/models/compiled_layers.py):
+    # fused element-wise work in every PPO pass; the first pass compiles (minutes on a CPU); needs a C++ compiler
+    compile_trained_layers: bool = False
     logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
     lora: LoraSettings = field(default_factory=LoraSettings)  # the LoRA adapters of the actor and the critic
     # ---- data
@@ -257,6 +260,10 @@ class PPOConfig:
         check_kl(self)
         check_policy_loss_and_kl_control(self)
         check_sampling(self)
+        if self.compile_trained_layers and self.rollout_engine == "hf" and not self.rollout_merge_lora:
+            raise ConfigError("compile_trained_layers compiles the layers PPO trains, for its passes; the HF rollout "
+                              "would decode through them too (untested, recompiling per cache length): set "
+                              "rollout_merge_lora: true (or rollout_engine: vllm)")
         if self.micro_batch_tokens < 0:
             raise ConfigError("micro_batch_tokens must be >= 0 (0: micro_batch_size rows per micro-batch)")
         if self.overlong_buffer < 0 or (self.overlong_buffer and self.overlong_buffer >= self.overlong_max_tokens):

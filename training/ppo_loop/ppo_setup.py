@@ -18,6 +18,7 @@ from training.algorithm.kl_control import build_kl_controller
 from training.config import PPOConfig, save_resolved, to_dict
 from training.evaluation.ppo_report import evaluate_policy
 from training.models.checkpoint import load_latest
+from training.models.compiled_layers import compile_trained_layers
 from training.models.frozen_prefix import frozen_depth
 from training.models.policy_models import build_models, uses_critic
 from training.rollouts.rollout_engine import build_rollout_backend, sync_rollout_weights
@@ -134,6 +135,10 @@ def prepare_optimization(run: Run) -> None:
     if cfg.cache_frozen_layers and not run.frozen_depth and accelerator.is_main_process:
         print("[ppo] cache_frozen_layers: no frozen layers below the trainable ones (set lora.top_layers); "
               "nothing is cached", flush=True)
+    if cfg.compile_trained_layers:
+        compiled = compile_trained_layers(run.policy.lm)
+        if accelerator.is_main_process:
+            print(f"[ppo] compile_trained_layers: decoder layers {compiled} compile on the first pass", flush=True)
     run.value_model = accelerator.unwrap_model(run.critic) if run.critic is not None else None
 
 

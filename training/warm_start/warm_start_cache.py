@@ -63,7 +63,7 @@ TRAINING_ONLY = (
     "kl_estimator", "kl_tokens", "target_kl", "advantage", "grpo_std_normalize", "verdict_credit",
     "verdict_credit_centred", "verdict_episode_credit", "answer_credit", "gamma", "lam", "max_grad_norm", "tis",
     "tis_cap", "tis_low", "tis_mode", "ppo_epochs", "mini_batches", "micro_batch_size", "micro_batch_tokens",
-    "questions_per_update",
+    "questions_per_update", "compile_trained_layers",
     "samples_per_question", "dynamic_sampling", "dynamic_sampling_max_rounds", "temperature", "top_p", "save_every",
     "keep_checkpoints", "log_samples", "eval_every",
     "report_to", "wandb_project", "resume", "critic_warmup_updates", "old_logprobs",

@@ -1,0 +1,95 @@
+"""Benchmark: one PPO update of the default recipe with today's settings and with faster ones.
+
+Both arms build the same run (``configs/ppo/default.yaml``: 8 questions × 3 samples, two PPO
+epochs of 4 mini-batches) from the same warm start and seed, and time ``--updates`` updates each
+(rollout, scoring, optimisation: the trainer's own functions). The first update of an arm pays
+its one-time costs (``compile_trained_layers`` compiles there), so the speedup is taken over the
+later updates; the first one is printed apart. The work is printed beside the times (episodes,
+rows, real and model tokens trained, optimizer steps), so that a faster arm is seen not to do less.
+
+    python scripts/bench_update.py --sft_checkpoint runs/ppo-default/sft/model \\
+        [--updates 3] [--new --compile_trained_layers true ...]
+
+``--sft_checkpoint`` defaults to the warm start the main job trains (taken from the warm-start
+cache after the first run). Everything after ``--new`` is the faster arm's overrides
+(``--section.field value``); default: ``--compile_trained_layers true``. Last line:
+``update_speedup=<baseline seconds per update / new seconds per update>``. Run it alone on the
+machine: two torch jobs on the same cores distort both arms.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+from envs.typed_config import load_config
+from training.config import PPOConfig
+from training.ppo import collect, optimize
+from training.ppo_loop.ppo_score import score
+from training.ppo_loop.ppo_setup import resolve_sft_checkpoint, set_up
+from training.runtime.inputs import next_questions
+
+DEFAULT_NEW = ["--compile_trained_layers", "true"]
+
+
+def arm_config(sft_checkpoint: str | None, overrides: list[str], out: str) -> PPOConfig:
+    argv = ["--config", "configs/ppo/default.yaml", "--eval_questions", "0", "--output_dir", out,
+            "--export", "false", "--cache_warm_start", "true", *overrides]
+    cfg = load_config(PPOConfig, argv)
+    return dataclasses.replace(cfg, sft_checkpoint=sft_checkpoint) if sft_checkpoint else cfg
+
+
+def time_updates(cfg: PPOConfig, updates: int) -> list[dict[str, float]]:
+    """``updates`` updates of a fresh run of ``cfg``: each one's phase seconds and work."""
+    run, _ = set_up(cfg, None, None, None, None, None)
+    rows = []
+    for update in range(updates):
+        questions = next_questions(run.examples, update * cfg.questions_per_update, cfg.questions_per_update, cfg.seed)
+        t0 = time.perf_counter()
+        episodes, _, _ = collect(run, questions, update)
+        t1 = time.perf_counter()
+        batch, _ = score(run, episodes, True)
+        t2 = time.perf_counter()
+        trained = optimize(run, batch, update, True)
+        t3 = time.perf_counter()
+        rows.append({"rollout_s": t1 - t0, "score_s": t2 - t1, "optimize_s": t3 - t2, "update_s": t3 - t0,
+                     "episodes": len(episodes), "rows": int(batch["input_ids"].shape[0]),
+                     "tokens": int(batch["attention_mask"].sum()), "model_tokens": int(batch["model_mask"].sum()),
+                     "steps": len(trained["grad_norms"]["actor"])})
+        print(f"  update {update + 1}: " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                                                   for k, v in rows[-1].items()), flush=True)
+    return rows
+
+
+def steady(rows: list[dict[str, float]], key: str) -> float:
+    """Mean of ``key`` over the updates after the first (the first alone when there is one)."""
+    later = rows[1:] or rows
+    return statistics.fmean(r[key] for r in later)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    new = argv[argv.index("--new") + 1:] if "--new" in argv else DEFAULT_NEW
+    argv = argv[:argv.index("--new")] if "--new" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sft_checkpoint", default=None, help="warm start folder (default: the main job's)")
+    parser.add_argument("--updates", type=int, default=3, help="updates per arm (the first is not in the speedup)")
+    parser.add_argument("--out", default="/tmp/seeds-bench-update", help="scratch run folders")
+    args = parser.parse_args(argv)
+    checkpoint = args.sft_checkpoint or resolve_sft_checkpoint(arm_config(None, [], f"{args.out}/ws")).sft_checkpoint
+    results = {}
+    for name, overrides in (("today", []), ("new", new)):
+        print(f"[bench_update] {name}: {' '.join(overrides) or '(the default recipe)'}", flush=True)
+        results[name] = time_updates(arm_config(checkpoint, overrides, f"{args.out}/{name}"), args.updates)
+    for key in ("rollout_s", "score_s", "optimize_s", "update_s", "tokens", "model_tokens", "steps"):
+        print(f"{key:>13}: today {steady(results['today'], key):8.1f}   new {steady(results['new'], key):8.1f}")
+    print(f"first update (one-time costs included): today {results['today'][0]['update_s']:.1f} s, "
+          f"new {results['new'][0]['update_s']:.1f} s")
+    print(f"update_speedup={steady(results['today'], 'update_s') / steady(results['new'], 'update_s'):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
