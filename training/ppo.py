@@ -154,6 +154,7 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
         return episodes, {}, t_sync
 
     def draw(round_: int) -> list:  # DAPO: more questions from the extra stream, to replace equal-reward groups
+        assert rollout_cfg.seed is not None  # set above
         position = (update * cfg.dynamic_sampling_max_rounds + round_ - 1) * cfg.questions_per_update
         extra = next_questions(run.examples, position, cfg.questions_per_update, cfg.seed + EXTRA_STREAM_SEED)
         return collect_rollouts(run.backend, venv, extra[rank * n:(rank + 1) * n],
@@ -207,7 +208,7 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
     mask = batch["model_mask"]
     sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "clip_frac", "approx_kl", "value_clip_frac",
                           "tokens"), 0.0)
-    grad_norms = {"actor": [], "critic": []}
+    grad_norms: dict[str, list[float]] = {"actor": [], "critic": []}
     gap = [0.0, 0.0]  # |sampler − trainer| log-prob sum and token count, before the first actor step
     kl_steps, stopped = [], False  # each mini-batch's KL sums (training/algorithm/kl_stop.py: target_kl)
     shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
@@ -362,6 +363,7 @@ def finish(run: Run, eval_start: dict | None, outcomes_start: dict | None) -> di
     cfg, accelerator = run.cfg, run.accelerator
     report = None
     if run.eval_examples:
+        assert eval_start is not None and outcomes_start is not None  # train evaluated before PPO
         eval_end, outcomes_end = evaluate(run)
         report = report_before_after(accelerator, run.out, eval_start, eval_end, outcomes_start, outcomes_end,
                                      cfg.seed, questions=[e.question for e in run.eval_examples])

@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,8 @@ def rescore_run(folder: Path, positive_opened_bonus: float | None = None,
     """{"run": the run's (α, β), "as": the weights applied, "comparison": :func:`compare_runs` of the
     rescored outcomes} for one run folder."""
     reward, seed = run_reward_config(folder)
-    asked = {"positive_opened_bonus": positive_opened_bonus, "negative_opened_penalty": negative_opened_penalty}
+    asked: dict[str, Any] = {"positive_opened_bonus": positive_opened_bonus,
+                             "negative_opened_penalty": negative_opened_penalty}
     other = dataclasses.replace(reward, **{name: value for name, value in asked.items() if value is not None})
     sides = read_run(folder)
     before, after = (rescored(sides[side], reward, other) for side in ("before", "after"))

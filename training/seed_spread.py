@@ -102,13 +102,13 @@ def check_same_eval_questions(folders: list[Path]) -> None:
         first_folder, first = named[0]
         if value == first:
             continue
-        if by_digest:
+        if isinstance(first, dict) and isinstance(value, dict):  # the config.yaml settings
+            where = ", ".join(f"{key} {first.get(key)!r} vs {value.get(key)!r}"
+                              for key in EVAL_SET_KEYS if first.get(key) != value.get(key))
+        else:  # the question digests
             positions = [i for i, (a, b) in enumerate(zip(first, value)) if a != b]
             where = f"the questions at positions {positions[:5]} differ" if positions else \
                 f"{len(first)} vs {len(value)} questions"
-        else:
-            where = ", ".join(f"{key} {first.get(key)!r} vs {value.get(key)!r}"
-                              for key in EVAL_SET_KEYS if first.get(key) != value.get(key))
         raise RunFolderError(f"{first_folder} and {folder} were evaluated on different questions ({where}); "
                              f"their outcomes cannot be pooled question by question")
 
@@ -118,9 +118,10 @@ def read_verdict_auc(folder: Path) -> tuple[float, float] | None:
     has none or it is undefined (no verdicts judged alone, or one class missing)."""
     try:
         evaluation = json.loads((Path(folder) / "eval.json").read_text())
-        pair = tuple(float(evaluation[side]["verdict_auc"]) for side in ("before", "after"))
+        before, after = (float(evaluation[side]["verdict_auc"]) for side in ("before", "after"))
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
+    pair = (before, after)
     return pair if all(np.isfinite(pair)) else None
 
 
@@ -203,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_same_eval_questions(args.runs)
         result = spread([read_run(folder) for folder in args.runs], args.resamples, args.seed)
-        aucs = [read_verdict_auc(folder) for folder in args.runs]
-        if all(pair is not None for pair in aucs):
+        aucs = [pair for pair in map(read_verdict_auc, args.runs) if pair is not None]
+        if len(aucs) == len(args.runs):  # every run has one
             result["verdict_auc"] = {**verdict_auc_spread(aucs, args.resamples, args.seed), "per_run": aucs}
     except (RunFolderError, ValueError) as error:
         print(f"seed_spread: {error}", file=sys.stderr)

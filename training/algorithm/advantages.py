@@ -114,6 +114,7 @@ def gae_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's estimator: `gae_advantages`, then advantages whitened over the model tokens of all
     processes. returns = un-whitened A + V (the critic's target)."""
     batch.need("token_rewards", "values")
+    assert batch.token_rewards is not None and batch.values is not None  # need() raised otherwise
     advantages, returns = gae_advantages(batch.token_rewards, batch.values, batch.model_mask, batch.gamma, batch.lam)
     return masked_whiten(advantages, batch.model_mask, accelerator=batch.accelerator), returns
 
@@ -173,6 +174,7 @@ def grpo_advantages(
 def grpo_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """`grpo_advantages` (``batch.std_normalize`` False: Dr. GRPO)."""
     batch.need("scores", "group_ids")
+    assert batch.scores is not None and batch.group_ids is not None  # need() raised otherwise
     return grpo_advantages(batch.scores, batch.group_ids, batch.model_mask, norm_by_std=batch.std_normalize)
 
 
@@ -192,6 +194,7 @@ def rloo_advantages(
 @register_estimator("rloo")
 def rloo_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tensor]:
     batch.need("scores", "group_ids")
+    assert batch.scores is not None and batch.group_ids is not None  # need() raised otherwise
     return rloo_advantages(batch.scores, batch.group_ids, batch.model_mask)
 
 
@@ -233,6 +236,7 @@ def reinforce_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tens
     """`reinforce_advantages` with b the mean score over every process's episodes (as GAE and
     REINFORCE++ whiten over all processes)."""
     batch.need("scores")
+    assert batch.scores is not None  # need() raised otherwise
     scores = batch.scores if batch.scores.is_floating_point() else batch.scores.float()
     baseline = global_mean(scores, batch.accelerator).expand_as(scores)
     return reinforce_advantages(scores, batch.model_mask, baseline=baseline)
@@ -259,6 +263,7 @@ def reinforce_pp_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.T
     token rewards (terminal reward − β·KL per token); the mean and std are over the model tokens of
     every process. returns = G (un-whitened)."""
     batch.need("token_rewards")
+    assert batch.token_rewards is not None  # need() raised otherwise
     returns = returns_to_go(batch.token_rewards, batch.model_mask, batch.gamma)
     return masked_whiten(returns, batch.model_mask, accelerator=batch.accelerator), returns
 
@@ -288,6 +293,7 @@ def reinforce_pp_baseline_advantages(
 def reinforce_pp_baseline_estimator(batch: AdvantageBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """`reinforce_pp_baseline_advantages`, whitened over every process's model tokens."""
     batch.need("scores", "group_ids")
+    assert batch.scores is not None and batch.group_ids is not None  # need() raised otherwise
     scores = batch.scores if batch.scores.is_floating_point() else batch.scores.float()
     return reinforce_pp_baseline_advantages(scores, batch.group_ids, batch.model_mask, batch.accelerator)
 

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -151,10 +152,8 @@ def question_outcomes(evaluation: dict, side: str) -> dict[str, np.ndarray] | No
     if not isinstance(block, dict):
         return None
     keys = [*CORE_OUTCOME_KEYS, *(key for key in OPTIONAL_OUTCOME_KEYS if isinstance(block.get(key), list))]
-    columns = [block.get(key) for key in keys]
-    if not all(isinstance(column, list) and column for column in columns):
-        return None
-    if len({len(column) for column in columns}) != 1:
+    columns = [column for column in map(block.get, keys) if isinstance(column, list) and column]
+    if len(columns) != len(keys) or len({len(column) for column in columns}) != 1:
         return None
     arrays = {key: np.array([finite_or_nan(value) for value in column]) for key, column in zip(keys, columns)}
     return None if any(np.isnan(array).any() for array in arrays.values()) else arrays
@@ -170,7 +169,7 @@ def evaluation_interval(evaluation: dict, side: str, metric: str) -> tuple[float
     """The error bar of one marker, when eval.json has that side's per-question outcomes."""
     statistic = STATISTIC_OF_METRIC.get(metric)
     outcomes = question_outcomes(evaluation, side) if statistic else None
-    if outcomes is None or not all(key in outcomes for key in STATISTIC_KEYS[statistic]):
+    if statistic is None or outcomes is None or not all(key in outcomes for key in STATISTIC_KEYS[statistic]):
         return None
     return bootstrap_interval(outcomes, statistic)
 
@@ -181,7 +180,8 @@ def evaluation_difference(evaluation: dict, metric: str) -> tuple[float, float, 
     row = comparisons.get(STATISTIC_OF_METRIC.get(metric)) if isinstance(comparisons, dict) else None
     if not isinstance(row, dict):
         return None
-    values = tuple(finite_or_nan(row.get(key)) for key in ("diff", "lo", "hi"))
+    diff, low, high = (finite_or_nan(row.get(key)) for key in ("diff", "lo", "hi"))
+    values = (diff, low, high)
     return None if any(math.isnan(value) for value in values) else values
 
 
@@ -269,8 +269,8 @@ def draw_panel(axis, metric: str, title: str, records: list[dict], evaluation: d
     axis.grid(True, alpha=0.3)
 
 
-def legend_handles(records: list[dict], evaluation: dict | None, spans: list) -> list:
-    handles = []
+def legend_handles(records: list[dict], evaluation: dict | None, spans: list) -> list[Artist]:
+    handles: list[Artist] = []
     if records:
         handles.append(Line2D([], [], color=TRAIN_COLOR, marker=".", label="training rollouts (per update)"))
     if any(key.startswith(PERIODIC_PREFIX) for record in records for key in record):

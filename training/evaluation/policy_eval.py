@@ -24,7 +24,7 @@ opening fewer documents, and recall says how many of the positives that costs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -109,7 +109,7 @@ STATISTIC_KEYS: dict[str, tuple[str, ...]] = {
     "recall": ("positives_opened", "positives_shown"), "f1": ("positives_opened", "docs_read", "positives_shown"),
     "docs": ("docs_read",), "selection": ("selection_reward",), "format": ("format_reward",),
     "reading": ("answered_first_opened", "opened_any"), "copy": ("copied_question",)}
-_STATISTIC_KINDS = {1: mean_of, 2: pooled_ratio, 3: pooled_f1}
+_STATISTIC_KINDS: dict[int, Callable[..., Statistic]] = {1: mean_of, 2: pooled_ratio, 3: pooled_f1}
 STATISTICS: dict[str, Statistic] = {name: _STATISTIC_KINDS[len(keys)](*keys) for name, keys in STATISTIC_KEYS.items()}
 
 

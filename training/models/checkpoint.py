@@ -24,6 +24,7 @@ import random
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,9 @@ def load_latest(output_dir: str | os.PathLike) -> Path | None:
 def rng_state() -> tuple[dict, dict[str, torch.Tensor]]:
     """(JSON-able Python + NumPy states, tensor states of torch) of this process."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state()
+    assert isinstance(numpy_state, tuple)  # legacy=True (the default): the MT19937 tuple
+    kind, keys, pos, has_gauss, cached = numpy_state
     plain = {"python": [version, list(internal), gauss],
              "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
     tensors = {"torch": torch.get_rng_state()}
@@ -191,7 +194,7 @@ def zero_optimizer(optimizer: Any) -> Any | None:
     return inner if isinstance(inner, DeepSpeedZeroOptimizer) else None
 
 
-def _zero_state_classes() -> list[type]:
+def _zero_state_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:  # safe_globals's form
     """The DeepSpeed classes a ZeRO optimizer's state_dict holds besides tensors and plain values:
     allowed by name for ``torch.load(weights_only=True)``."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
@@ -235,7 +238,7 @@ def export_hf(actor: torch.nn.Module, tokenizer: Any, directory: str | os.PathLi
     """
     import copy
 
-    lm = getattr(actor, "lm", actor)
+    lm: Any = getattr(actor, "lm", actor)  # a transformers causal LM (plain or peft)
     directory = Path(directory)
     tmp = directory.parent / f".tmp-{directory.name}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,14 +27,16 @@ class _StopAfterPrefix(Exception):
     """Raised by the bottom pass's hook once the last frozen layer has run."""
 
 
-def unwrap_peft(model: nn.Module) -> nn.Module:
-    """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
+def unwrap_peft(model: nn.Module) -> Any:
+    """The transformers model under a peft wrapper (LoRA layers stay injected in it); ``Any``, as
+    its attributes (``config``, ``get_decoder``, ...) are the model class's own."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
 
 
-def decoder_of(lm: nn.Module) -> nn.Module:
-    """The base decoder (embeddings, ``layers``, final norm) of a causal LM (plain or peft)."""
+def decoder_of(lm: nn.Module) -> Any:
+    """The base decoder (embeddings, ``layers``, final norm) of a causal LM (plain or peft); ``Any``
+    as :func:`unwrap_peft`'s model."""
     base = unwrap_peft(lm)
     decoder = getattr(base, "base_model", base)
     return decoder if decoder is not base else base.get_decoder()

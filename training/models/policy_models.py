@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from peft import LoraConfig, get_peft_model
@@ -33,6 +33,9 @@ from training.algorithm.ppo_core import (
 )
 from training.config import LoraSettings, PPOConfig
 from training.models.frozen_prefix import decoder_of, top_hidden, unwrap_peft
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -76,8 +79,10 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
         target_mask = attention_mask[:, 1:]
     rows, cols = torch.nonzero(target_mask.bool(), as_tuple=True)
     h, y = hidden[rows, cols], labels[rows, cols]  # (N, H), (N,)
-    constrained = choice_ids is not None and choice_mask is not None and bool(choice_mask.any())
-    c = choice_mask[rows, cols].bool() if constrained else torch.zeros_like(y, dtype=torch.bool)  # (N,)
+    choices = None  # choice_ids when some target position is constrained
+    c = torch.zeros_like(y, dtype=torch.bool)  # (N,)
+    if choice_ids is not None and choice_mask is not None and bool(choice_mask.any()):
+        choices, c = choice_ids, choice_mask[rows, cols].bool()
 
     def per_chunk(h_part: torch.Tensor, y_part: torch.Tensor,
                   c_part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,10 +91,10 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
             logits = logits.float() / temperature  # in float32, as the sampler divides
         logp = logprobs_from_logits(logits, y_part[None], chunk=None)[0]
         ent = entropy_from_logits(logits, chunk=None)[0] if with_entropy else torch.zeros_like(logp)
-        if constrained:
-            logp = torch.where(c_part, choice_logprobs_from_logits(logits[0], y_part, choice_ids), logp)
+        if choices is not None:
+            logp = torch.where(c_part, choice_logprobs_from_logits(logits[0], y_part, choices), logp)
             if with_entropy:
-                ent = torch.where(c_part, choice_entropy_from_logits(logits[0], choice_ids), ent)
+                ent = torch.where(c_part, choice_entropy_from_logits(logits[0], choices), ent)
         return logp, ent
 
     grad = torch.is_grad_enabled() and h.requires_grad
@@ -114,7 +119,7 @@ class PolicyModel(nn.Module):
 
     def __init__(self, lm: nn.Module, chunk: int = 1024, temperature: float = 1.0):
         super().__init__()
-        self.lm = lm
+        self.lm: Any = lm  # a transformers causal LM, plain or peft: its attributes are its class's own
         self.chunk = chunk
         self.temperature = temperature  # the rollout's: log-probs and entropy of softmax(z / temperature)
 
@@ -177,7 +182,7 @@ def uses_critic(cfg: PPOConfig) -> bool:
     return cfg.advantage == "gae"
 
 
-def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
+def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
     """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base).
     The actor and the reference score tokens under ``softmax(z / cfg.temperature)``, the rollout's."""
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
@@ -215,7 +220,7 @@ def wrap_models(lm: nn.Module, tokenizer: Any, cfg: PPOConfig) -> Models:
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
         unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
         critic_base = unwrap_peft(critic.backbone) if critic is not None else None
-        if hasattr(critic_base, "gradient_checkpointing_enable"):
+        if critic_base is not None and hasattr(critic_base, "gradient_checkpointing_enable"):
             critic_base.gradient_checkpointing_enable(**kwargs)
     return Models(actor, critic, reference_logprobs, ensure_pad_token(tokenizer))
 

@@ -121,13 +121,13 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     with torch.no_grad():
         for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.micro_batch_size):
             mb = select(batch, rows)
-            choices = {"choice_mask": mb["choice_mask"], "choice_ids": run.choice_ids}
+            verdicts = {"choice_mask": mb["choice_mask"], "choice_ids": run.choice_ids}
             if recompute:
                 put(old_logp, rows, run.actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"],
-                                              **choices, **prefix_of(run, mb))[0])
+                                              **verdicts, **prefix_of(run, mb))[0])
             if with_reference and (cfg.kl_tokens == "all" or bool(mb["choice_mask"].any())):
                 put(ref_logp, rows, run.models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
-                                                                  mb["model_mask"], **choices, **prefix_of(run, mb)))
+                                                                  mb["model_mask"], **verdicts, **prefix_of(run, mb)))
             if run.critic is not None:
                 put(values, rows, sequence_values(run.critic, mb["input_ids"], mb["attention_mask"]))
     set_train_mode(True, run.actor, run.critic)
@@ -150,11 +150,12 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
         choices, gaps = batch["choice_mask"] * mask, batch["choice_reward_gap"]
         if cfg.verdict_credit_centred:  # the open token is the first choice (envs.protocol.judge_token_ids)
+            assert run.choice_ids is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
             opened = batch["input_ids"][:, 1:] == run.choice_ids[0]
             gaps, verdict_price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
         advantages = advantages + cfg.verdict_credit * two_choice_advantages(old_logp, gaps, choices, accelerator)
     batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages, returns=returns)
-    tis_stats = {}
+    tis_stats: dict[str, torch.Tensor] = {}
     if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
                                                            cfg.tis_mode, cfg.tis_cap, cfg.tis_low)

@@ -61,7 +61,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from envs.config import EnvConfig
 from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
@@ -90,6 +90,9 @@ from training.rollouts.rollout_judge import (
     verdict_reward_gaps,
 )
 from training.rollouts.rollout_states import FrozenStateRecorder
+
+if TYPE_CHECKING:
+    from inference.backends.hf import HFBackend
 
 __all__ = ["Episode", "RolloutConfig", "collect_rollouts", "eos_logprobs", "rollout_stats"]
 
@@ -225,7 +228,7 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
     if any(env.counter.tokenizer is None for env in venv.envs):
         warnings.warn("the rollout env counts observation caps in whitespace words, evaluation in policy tokens: "
                       "build SearchVectorEnv(..., tokenizer=backend.tokenizer)", stacklevel=2)
-    verdict_ids = ()
+    verdict_ids: tuple[int, ...] = ()
     if config.constrain_verdicts and venv.config.expand_form == "judge":
         verdict_ids = judge_token_ids(tokenizer)
     jobs = [(g, ex) for g, ex in enumerate(examples) for _ in range(config.samples_per_question)]
@@ -248,7 +251,7 @@ def state_recorder(backend: LLMBackend, config: RolloutConfig) -> FrozenStateRec
     local model through the KV session (else None: the trainer computes the states itself)."""
     if not config.record_states_after or not config.reuse_kv_cache or not session_supported(backend):
         return None
-    return FrozenStateRecorder(backend.model, config.record_states_after)
+    return FrozenStateRecorder(cast("HFBackend", backend).model, config.record_states_after)  # session_supported
 
 
 @dataclass
@@ -370,9 +373,10 @@ class _Batch:
         ``<expand>none</expand>`` step where a snapshot waits for an expand), exactly as
         :func:`methods.agent_loop.run_agent_turns` does; returns those still live."""
         limit = self.venv.config.max_actions
-        due = [k for k in live if must_force_answer(self.venv.envs[k].episode, limit)]
-        expanding = [k for k in due if self.venv.envs[k].episode.awaiting_expand]
-        prefixes = {k: [] for k in due}
+        states = [(k, self.venv.envs[k].episode) for k in live]  # a live slot's episode is never None
+        due = [(k, state) for k, state in states if state is not None and must_force_answer(state, limit)]
+        expanding = [k for k, state in due if state.awaiting_expand]
+        prefixes: dict[int, list[str]] = {k: [] for k, _ in due}
         if expanding:
             actions: list[str | None] = [None] * self.venv.num_envs
             for k in expanding:

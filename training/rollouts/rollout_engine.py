@@ -59,6 +59,7 @@ def build_rollout_backend(cfg: PPOConfig, policy: Any, tokenizer: Any, accelerat
     The vLLM engine starts with the folder's weights; call :func:`sync_rollout_weights` before use.
     """
     if cfg.rollout_engine == "hf":
+        options: dict[str, Any]  # HFBackend's keyword options
         options = dict(max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1,
                        logprobs_mode="sampled")  # μ's log-probs (greedy evaluation: the raw π)
         if cfg.rollout_merge_lora and policy.is_lora:

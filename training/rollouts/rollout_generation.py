@@ -18,10 +18,13 @@ EOS log-probs (:func:`eos_logprobs`) after an accepted ``</answer>``: from the s
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from inference.backends.hf_session import session_supported
 from methods.llm import GenerationRequest, GenerationResult, LLMBackend
+
+if TYPE_CHECKING:
+    from inference.backends.hf import HFBackend
 
 
 class TurnGenerator:
@@ -29,8 +32,8 @@ class TurnGenerator:
 
     def __init__(self, backend: LLMBackend, reuse_kv_cache: bool = True, recorder: Any = None):
         self.backend = backend
-        self.session = (backend.session(observer=recorder) if reuse_kv_cache and session_supported(backend)
-                        else None)
+        self.session = (cast("HFBackend", backend).session(observer=recorder)  # session_supported: an HF backend
+                        if reuse_kv_cache and session_supported(backend) else None)
         self.recorder = recorder if self.session is not None else None  # training.rollouts.rollout_states
 
     def frozen_states(self, key: Hashable, length: int) -> Any:

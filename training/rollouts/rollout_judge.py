@@ -107,6 +107,7 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
     stream as text the model did not write. Returns row -> that expand action."""
     config, tokenizer = batch.config, batch.tokenizer
     requests, owners, keys = [], [], []
+    prompts: list[list[int]] = []  # requests[j]'s token ids
     for k, observation in pending.items():
         slot = slots[k]
         for i, text in enumerate(judge_alone_prompts(slot.example.question, observation)):
@@ -116,10 +117,11 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
                                               top_p=config.top_p, top_k=config.top_k, seed=seed,
                                               allowed_token_ids=batch.verdict_ids))
             owners.append(k)
+            prompts.append(ids)
             keys.append(("verdict", k, slot.turn, i))  # a session row of its own, released below
     results = batch.generator.generate(requests, keys) if requests else []
     words: dict[int, list[str]] = {k: [] for k in pending}
-    for k, key, request, result in zip(owners, keys, requests, results):
+    for k, key, ids, result in zip(owners, keys, prompts, results):
         completion, slot = result.completions[0], slots[k]
         if slot.done:
             continue
@@ -127,9 +129,8 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
             end_episode(batch.venv, slot, k, reason="error")
             slot.info["error"] = completion.error or "the verdict was not one token"
             continue
-        slot.verdict_rows.append(VerdictRow(list(request.prompt) + list(completion.token_ids),
-                                            float(completion.logprobs[0]),
-                                            frozen_states=batch.generator.frozen_states(key, len(request.prompt) + 1)))
+        slot.verdict_rows.append(VerdictRow(ids + list(completion.token_ids), float(completion.logprobs[0]),
+                                            frozen_states=batch.generator.frozen_states(key, len(ids) + 1)))
         words[k].append(tokenizer.decode(completion.token_ids))
         opened = words[k][-1].strip().lower() == JUDGE_WORDS[0].strip()
         slot.pending_verdicts.append((len(slot.verdict_rows) - 1, opened))

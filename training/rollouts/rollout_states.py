@@ -35,7 +35,7 @@ class FrozenStateRecorder:
     def __init__(self, model: nn.Module, depth: int):
         if depth < 1:
             raise ValueError("record the states after at least one decoder layer (depth >= 1)")
-        self.layer = decoder_of(model).layers[depth - 1]
+        self.layer: nn.Module = decoder_of(model).layers[depth - 1]
         self.last: torch.Tensor | None = None  # (b, t, H): the hooked layer's latest output
         self.pieces: dict[Hashable, list[tuple[int, torch.Tensor]]] = {}
 

@@ -33,7 +33,8 @@ from training.evaluation.answer_sources import answer_sources
 from training.teachers.scripted_teacher import READER_RULES, ScriptedTeacherConfig, collect_scripted
 from training.teachers.trajectories import tokenize_trajectory
 
-TEACHER_EXPANSIONS = {  # name -> ScriptedTeacherConfig fields (random mode: each candidate on a coin)
+# name -> ScriptedTeacherConfig fields (random mode: each candidate on a coin)
+TEACHER_EXPANSIONS: dict[str, dict[str, Any]] = {
     "positives (gold-guided)": {"expand": "positives"},
     "open_rate 0.5": {"expand": "random", "open_rate": 0.5},
     "every candidate": {"expand": "random", "open_rate": 1.0},

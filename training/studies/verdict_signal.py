@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from peft import get_peft_model
@@ -81,7 +82,7 @@ class TopLayerVerdicts:
         settings = LoraSettings(r=rank, alpha=alpha, top_layers=top_layers)  # the recipe's adapters
         config = lora_config(settings, None, base.config.num_hidden_layers)
         self.peft = get_peft_model(base, config)
-        self.lm = self.peft.base_model.model
+        self.lm: Any = self.peft.base_model.model  # the transformers causal LM (its attributes are its class's own)
 
     def cache(self, judged: JudgedEpisode) -> torch.Tensor:
         """Hidden states entering the first adapted layer: (1, T, d)."""

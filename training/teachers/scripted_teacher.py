@@ -292,14 +292,17 @@ def _play_batch(venv: Any, episodes: list[tuple[QAExample, int]], env_config: En
         observations, _, terminated, truncated, infos = venv.step(pending)
         following: list[str | None] = [None] * venv.num_envs
         for k in range(n):
-            if pending[k] is None:
+            action = pending[k]
+            if action is None:
                 continue
-            turns[k].append(("model", pending[k]))
+            turns[k].append(("model", action))
             if terminated[k] or truncated[k]:
                 summaries[k], answered[k] = infos[k]["episode"], bool(terminated[k])
                 continue
             turns[k].append(("observation", observations[k]))
             following[k] = teachers[k].act(observations[k], infos[k])
         pending = following
-    return [make_record(ex, settings.name, seeds_r1_prompt(ex.question, env_config), turns[k], summaries[k],
+    ended = [summary for summary in summaries if summary is not None]
+    assert len(ended) == n  # an episode's actions stop only once the env has ended it
+    return [make_record(ex, settings.name, seeds_r1_prompt(ex.question, env_config), turns[k], ended[k],
                         answered[k]) for k, ex in enumerate(batch)]

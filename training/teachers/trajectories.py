@@ -190,9 +190,9 @@ def record_from_method(result: dict, example: QAExample, teacher: str, env_confi
         if event.get("type") == "llm":
             last_output = event.get("output") if event.get("tag") == "turn" else None
         elif event.get("type") == "env":
-            # The whole turn (a leading <think> block included) when the action is what it said.
-            said = last_output is not None and split_thinking(last_output).visible == event["action"]
-            text = last_output if said else event["action"]
+            text = event["action"]
+            if last_output is not None and split_thinking(last_output).visible == text:
+                text = last_output  # the whole turn (a leading <think> block included): the action is what it said
             last_output = None
             turns.append(("model", text))
             if event.get("kind") == "answer":

@@ -28,6 +28,7 @@ def load_retriever(config: WarmStartConfig) -> Any:
 
 
 def load_teacher_llm(config: WarmStartConfig) -> Any:
+    assert config.teacher_llm is not None  # WarmStartConfig requires it where the method teacher collects
     return load_backend(config.teacher_llm, **config.teacher_llm_options)
 
 

@@ -192,6 +192,7 @@ def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tok
     trainer = ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
                                        processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
     trainer.loss_agg = config.loss_agg
+    assert trainer.model is not None  # the model passed in (peft-wrapped with a peft_config)
     depth = frozen_depth(trainer.model) if config.cache_frozen_layers else 0
     if depth:
         trainer.prefix_cache = PrefixCache(depth)
@@ -240,10 +241,10 @@ class ModelTokenLossSFTTrainer(SFTTrainer):
 
     prefix_cache: PrefixCache | None = None  # cache_frozen_layers: set by build_trainer when layers are frozen
     loss_agg: str = "token_mean"  # set by build_trainer from the config
-    loss_is_scaled_for_ga = True
+    loss_is_scaled_for_ga = True  # type: ignore[assignment]  # trl's _BaseTrainer leaves it unannotated (None)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        prefix = {}
+        prefix: dict[str, Any] = {}  # model_token_nll's prefix and prefix_depth
         if self.prefix_cache is not None:  # the frozen bottom layers run once per distinct row, not per epoch
             prefix = {"prefix": self.prefix_cache.prefix(model, inputs["input_ids"], inputs["attention_mask"]),
                       "prefix_depth": self.prefix_cache.depth}
