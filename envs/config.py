@@ -61,12 +61,17 @@ class EnvConfig:
     def from_dict(cls, values: dict) -> EnvConfig:
         """Build from a plain (e.g. YAML) dict, strictly (:func:`envs.typed_config.from_dict`):
         nested ``preview`` and ``reward`` sections, unknown keys are errors."""
+        return typed_config.from_dict(cls, dict(values))
+
+    @classmethod
+    def upgrade_keys(cls, values: dict) -> dict:
+        """The old key ``top_k`` (easy to confuse with sampling top-k) read as ``candidates_per_search``."""
         values = dict(values)
-        if "top_k" in values:  # the old name, easy to confuse with sampling top-k
+        if "top_k" in values:
             warnings.warn("env config key `top_k` is now `candidates_per_search`; "
-                          "the old key goes in the next release", DeprecationWarning, stacklevel=2)
+                          "the old key goes in the next release", DeprecationWarning, stacklevel=3)
             values["candidates_per_search"] = values.pop("top_k")
-        return typed_config.from_dict(cls, values)
+        return values
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> EnvConfig:

@@ -25,6 +25,7 @@ import functools
 import importlib
 import inspect
 import io
+import sys
 import textwrap
 import tokenize
 import types
@@ -85,21 +86,71 @@ def from_dict(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     given in part (``lora: {r: 8}``) overlays that field's own default, not its class's defaults."""
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {values!r}")
+    upgrade_keys = getattr(cls, UPGRADE_KEYS, None)
+    values = upgrade_keys(values) if upgrade_keys else values
     hints = _field_types(cls)
     unknown = sorted(set(values) - set(hints))
     if unknown:
         raise ConfigError(f"unknown config key(s) {[prefix + k for k in unknown]}; "
                           f"valid keys: {', '.join(prefix + k for k in hints)}")
+    values = dict(values)
+    for spec in dataclasses.fields(cls):  # a section whose recipe field is given is built from that recipe
+        if spec.metadata.get(RECIPE) in values and spec.name not in values:
+            values[spec.name] = {}
     kwargs = {}
     for key, value in values.items():
         hint = hints[key]
         if isinstance(hint, type) and dataclasses.is_dataclass(hint) and not isinstance(value, hint):
-            base = _field_default(cls, key)
-            section = merge_values(dataclasses.asdict(base), value or {}) if base is not None else value or {}
+            recipe_field = _spec(cls, key).metadata.get(RECIPE)
+            if recipe_field:
+                base_values = recipe_values(hint, values.get(recipe_field, _field_default(cls, recipe_field)))
+            else:
+                base = _field_default(cls, key)
+                base_values = dataclasses.asdict(base) if base is not None else {}
+            section = merge_values(base_values, upgrade(hint, value or {}))
             kwargs[key] = from_dict(hint, section, prefix=f"{prefix}{key}.")
         else:
             kwargs[key] = _coerce(value, hint, prefix + key)
     return cls(**kwargs)
+
+
+def _spec(cls: type, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def recipe_values(cls: type, path: str | Path | None) -> dict[str, Any]:
+    """The keys of recipe ``path`` for config ``cls`` (old keys upgraded; :func:`read_recipe`), a
+    relative path read from the working folder, else from the project's root; None: ``{}``."""
+    if not path:
+        return {}
+    path = Path(path)
+    return read_recipe(path if path.is_file() or path.is_absolute() else PROJECT_ROOT / path, cls)
+
+
+def upgrade(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with the old keys of ``cls`` and of its nested sections renamed to today's, by each
+    class's own ``upgrade_keys`` (a classmethod ``dict -> dict``; see :class:`training.config.PPOConfig`),
+    so that one layer (a recipe, the command line) is upgraded before it is merged with another."""
+    if not isinstance(values, dict):
+        return values
+    upgrade_keys = getattr(cls, UPGRADE_KEYS, None)
+    values = upgrade_keys(values) if upgrade_keys else dict(values)
+    hints = _field_types(cls)
+    return {key: (upgrade(hints[key], value) if key in hints and dataclasses.is_dataclass(hints[key])
+                  and isinstance(value, dict) else value) for key, value in values.items()}
+
+
+_PRINTED: set[str] = set()
+
+
+def deprecated(message: str) -> None:
+    """Print ``message`` (one line, to stderr) once per process: an old key read, not refused."""
+    if message not in _PRINTED:
+        _PRINTED.add(message)
+        print(f"deprecated: {message}", file=sys.stderr, flush=True)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
@@ -152,13 +203,15 @@ def load_config(cls: type, argv: list[str] | None = None) -> Any:
         print(help_text(cls))
         raise SystemExit(0)
     config_path, overrides = parse_overrides(argv)
-    values = read_recipe(Path(config_path)) if config_path else {}
-    return from_dict(cls, merge_values(values, overrides))
+    values = read_recipe(Path(config_path), cls) if config_path else {}
+    return from_dict(cls, merge_values(values, upgrade(cls, overrides)))
 
 
-def read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_recipe(path: Path, cls: type | None = None, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A YAML recipe's keys. ``base: other.yaml`` (relative to the recipe's folder) loads that
-    recipe first and applies this one's keys on top, so a variant states only what differs."""
+    recipe first and applies this one's keys on top, so a variant states only what differs. With
+    ``cls``, each file's old keys are upgraded (:func:`upgrade`) before the two are merged."""
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     if path.resolve() in seen:
@@ -167,12 +220,18 @@ def read_recipe(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys")
     base = values.pop("base", None)
+    values = upgrade(cls, values) if cls is not None else values
     if base is None:
         return values
-    return merge_values(read_recipe(path.parent / str(base), seen + (path.resolve(),)), values)
+    return merge_values(read_recipe(path.parent / str(base), cls, seen + (path.resolve(),)), values)
 
 
 OVERRIDES = "overrides"  # field metadata key: the config class a dict field's keys override
+# field metadata key of a section: the sibling field naming the YAML recipe the section starts from (its keys
+# over the recipe's): PPOConfig's ``env`` starts from ``env_config``
+RECIPE = "recipe"
+UPGRADE_KEYS = "upgrade_keys"  # a config class's classmethod renaming its old keys (:func:`upgrade`)
+DOCS_FROM = "DOCS_FROM"  # a config class attribute: classes ("module:Class" too) whose docs document its fields
 SECTION_HEADING = "----"  # a ``# ---- model`` comment heads a group of fields and documents none
 
 
@@ -185,10 +244,25 @@ def field_docs(cls: type) -> dict[str, str]:
 
 @functools.cache
 def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
+    """The class's own docs, then its dataclass bases' and its :data:`DOCS_FROM` classes' for the rest."""
+    docs = dict(_own_field_docs(cls))
+    names = {f.name for f in dataclasses.fields(cls)}
+    for other in (*cls.__mro__[1:], *map(_config_class, getattr(cls, DOCS_FROM, ()))):
+        if isinstance(other, type) and dataclasses.is_dataclass(other):
+            for name, text in _own_field_docs(other):
+                if name in names:
+                    docs.setdefault(name, text)
+    return tuple(docs.items())
+
+
+@functools.cache
+def _own_field_docs(cls: type) -> tuple[tuple[str, str], ...]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):  # no source file (a frozen or compiled-only install): no docs, no failure
         return ()
+    if not any(isinstance(node, ast.ClassDef) and node.name == cls.__name__ for node in ast.parse(source).body):
+        return ()  # a class made by make_dataclass: inspect found another class's source
     comments = {tok.start[0]: (tok.string.lstrip("#").strip(), tok.line[:tok.start[1]].strip() == "")
                 for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
     body = next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)).body
@@ -216,13 +290,17 @@ def _type_name(spec: dataclasses.Field) -> str:
     return hint if isinstance(hint, str) else getattr(hint, "__name__", str(hint))
 
 
-def _overridden(spec: dataclasses.Field) -> type | None:
-    """The config class whose fields a dict field's keys override (its ``OVERRIDES`` metadata)."""
-    target = spec.metadata.get(OVERRIDES)
+def _config_class(target: Any) -> Any:
+    """``target``, or the class a ``"module:Class"`` string names (imported when it is needed)."""
     if isinstance(target, str):
         module, _, name = target.partition(":")
         target = getattr(importlib.import_module(module), name)
     return target
+
+
+def _overridden(spec: dataclasses.Field) -> type | None:
+    """The config class whose fields a dict field's keys override (its ``OVERRIDES`` metadata)."""
+    return _config_class(spec.metadata.get(OVERRIDES))
 
 
 def config_help(cls: type, prefix: str = "", instance: Any = None, _shown: dict | None = None) -> str:
@@ -307,3 +385,45 @@ def save_resolved(cfg: Any, directory: str | Path) -> Path:
     """Write the fully resolved config to ``directory/config.yaml`` (atomically); returns the path."""
     path = Path(directory) / "config.yaml"
     return write_text_atomic(yaml.safe_dump(to_dict(cfg), sort_keys=False), path)
+
+
+def with_values(cfg: Any, values: dict[str, Any]) -> Any:
+    """``cfg`` with the dotted fields of ``values`` replaced: ``with_values(PPOConfig, {"algorithm.advantage":
+    "grpo", "optim.updates": 2})``. A config class: built by :func:`from_dict` (defaults, a recipe field
+    such as ``env_config`` read, values type-checked). A config: its sections rebuilt by
+    :func:`dataclasses.replace`, so every ``__post_init__`` check runs again; a value given for a section
+    as a dict replaces those of its fields; nothing is read from disk (a new ``env_config`` does not
+    rebuild ``env``)."""
+    tree: dict[str, Any] = {}
+    for dotted, value in values.items():
+        _set_dotted(tree, dotted, value)
+    return from_dict(cfg, tree) if isinstance(cfg, type) else _replace_tree(cfg, tree, "")
+
+
+def _replace_tree(obj: Any, tree: dict[str, Any], prefix: str) -> Any:
+    names = {f.name for f in dataclasses.fields(obj)}
+    unknown = sorted(set(tree) - names)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {[prefix + k for k in unknown]}")
+    changes = {}
+    for key, value in tree.items():
+        current = getattr(obj, key)
+        changes[key] = (_replace_tree(current, value, f"{prefix}{key}.")
+                        if dataclasses.is_dataclass(current) and isinstance(value, dict) else value)
+    return dataclasses.replace(obj, **changes)
+
+
+def changed_fields(a: Any, b: Any, prefix: str = "") -> set[str]:
+    """The dotted names of the fields in which configs ``a`` and ``b`` (of one class) differ, nested
+    sections compared field by field: ``{"optim.updates", "env.reward"}``."""
+    out = set()
+    for spec in dataclasses.fields(a):
+        left, right = getattr(a, spec.name), getattr(b, spec.name)
+        if left == right:
+            continue
+        if (dataclasses.is_dataclass(left) and dataclasses.is_dataclass(right) and type(left) is type(right)
+                and not prefix):
+            out |= changed_fields(left, right, f"{spec.name}.")
+        else:
+            out.add(prefix + spec.name)
+    return out

@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script
 
 import torch
 
-from training.config import LoraSettings, PPOConfig
+from training.config import LoraSettings, PPOConfig, with_values
 from training.models.frozen_prefix import frozen_depth, prefix_hidden
 from training.models.policy_models import build_models
 
@@ -66,8 +66,9 @@ def epochs_cached(actor, batches, epochs: int, depth: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    cfg = PPOConfig(model=args.model, dtype=args.dtype, critic_warmup_updates=0, advantage="grpo",
-                    lora=LoraSettings(r=16, alpha=32, dropout=0.0, top_layers=args.top_layers))
+    cfg = with_values(PPOConfig, {"model.name": args.model, "model.dtype": args.dtype,
+                                  "optim.critic_warmup_updates": 0, "algorithm.advantage": "grpo",
+                                  "model.lora": LoraSettings(r=16, alpha=32, dropout=0.0, top_layers=args.top_layers)})
     actor = build_models(cfg, device="cpu").actor.train()
     depth = frozen_depth(actor.lm)
     generator = torch.Generator().manual_seed(args.seed)

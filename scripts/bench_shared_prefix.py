@@ -23,7 +23,6 @@ from inference.backends.hf import HFBackend
 from methods.llm import GenerationRequest
 from training.config import PPOConfig, load_config
 from training.ppo import resolve_argv
-from training.runtime.inputs import load_env_config
 from training.teachers.trajectories import seeds_r1_prompt_fn
 
 
@@ -54,7 +53,7 @@ def main() -> None:
           f"cpus={os.cpu_count()} torch_threads={torch.get_num_threads()}")
     rows = args.questions * args.samples
     backend = HFBackend(args.model, device=args.device, max_batch_size=rows)
-    prompt_fn = seeds_r1_prompt_fn(load_env_config(load_config(PPOConfig, resolve_argv([]))))
+    prompt_fn = seeds_r1_prompt_fn(load_config(PPOConfig, resolve_argv([])).env)
     questions = generate_default_questions(args.questions, seed=0)
     prompts = [list(backend.tokenizer(prompt_fn(q.question), add_special_tokens=True)["input_ids"])
                for q in questions]

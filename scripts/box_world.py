@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from envs.protocol import JUDGE_QUESTION, JUDGE_WORDS
 from envs.types import Hit, Passage, QAExample
 from methods.prompts import r1
-from training.config import LoraSettings, PPOConfig
+from training.config import LoraSettings, PPOConfig, with_values
 from training.sft import run as run_sft
 from training.sft_config import WarmStartConfig
 from training.teachers.trajectories import sft_rows
@@ -155,12 +155,15 @@ def protocol_policy(setup, device: str | torch.device, dtype: torch.dtype, steps
     return model.eval()
 
 
-def ppo_config(setup, sft_dir: str, **overrides) -> PPOConfig:
-    values = dict(model=sft_dir, sft_checkpoint=sft_dir, dtype="float32", env_config=None, env=dict(ENV),
-                  lora=LoraSettings(enabled=False), questions_per_update=4, samples_per_question=8, num_envs=32,
-                  rollout_batch_size=32, max_turn_tokens=16, max_context_tokens=512, updates=20, ppo_epochs=4,
-                  mini_batches=1, micro_batch_size=32, lr_actor=1e-3, advantage="grpo",
-                  entropy_coef=0.0, kl_coef=0.0, eval_questions=24, output_dir=str(setup["folder"] / "ppo"),
-                  export=False, save_every=1000, log_samples=0, old_logprobs="recompute", seed=0)
-    values.update(overrides)
-    return PPOConfig(**values)
+def ppo_config(setup, sft_dir: str, overrides: dict | None = None) -> PPOConfig:
+    """The box world's PPO config; ``overrides``: ``{"section.field": value}`` on top."""
+    values = {"model.name": sft_dir, "model.sft_checkpoint": sft_dir, "model.dtype": "float32",
+              "model.lora": LoraSettings(enabled=False), "env_config": None, "env": dict(ENV),
+              "rollout.questions_per_update": 4, "rollout.samples_per_question": 8, "rollout.num_envs": 32,
+              "rollout.rollout_batch_size": 32, "rollout.max_turn_tokens": 16, "rollout.max_context_tokens": 512,
+              "optim.updates": 20, "optim.ppo_epochs": 4, "optim.mini_batches": 1, "optim.micro_batch_size": 32,
+              "optim.lr_actor": 1e-3, "algorithm.advantage": "grpo", "algorithm.entropy_coef": 0.0,
+              "algorithm.kl_coef": 0.0, "algorithm.old_logprobs": "recompute", "evaluation.eval_questions": 24,
+              "run.output_dir": str(setup["folder"] / "ppo"), "run.export": False, "run.save_every": 1000,
+              "run.log_samples": 0, "run.seed": 0}
+    return with_values(PPOConfig, {**values, **(overrides or {})})

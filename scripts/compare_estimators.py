@@ -52,15 +52,16 @@ from scripts.box_world import build, ppo_config, warm_start  # noqa: E402
 from training.algorithm.ppo_core import LOSS_AGGREGATIONS  # noqa: E402
 from training.ppo import train  # noqa: E402
 
-ESTIMATORS = {
-    "gae": {"advantage": "gae", "critic_warmup_updates": 0, "lr_critic": 1e-3},
-    "grpo": {"advantage": "grpo"},
-    "dr_grpo": {"advantage": "grpo", "grpo_std_normalize": False, "loss_agg": "seq_mean_token_sum_norm"},
-    "rloo": {"advantage": "rloo"},
-    "reinforce_pp": {"advantage": "reinforce_pp"},
-    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline"},
-    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean", "clip_low": 3e-4,
-             "clip_high": 4e-4},
+ESTIMATORS = {  # PPOConfig overrides by dotted name (envs.typed_config.with_values)
+    "gae": {"algorithm.advantage": "gae", "optim.critic_warmup_updates": 0, "optim.lr_critic": 1e-3},
+    "grpo": {"algorithm.advantage": "grpo"},
+    "dr_grpo": {"algorithm.advantage": "grpo", "algorithm.grpo_std_normalize": False,
+                "algorithm.loss_agg": "seq_mean_token_sum_norm"},
+    "rloo": {"algorithm.advantage": "rloo"},
+    "reinforce_pp": {"algorithm.advantage": "reinforce_pp"},
+    "reinforce_pp_baseline": {"algorithm.advantage": "reinforce_pp_baseline"},
+    "gspo": {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gspo",
+             "algorithm.loss_agg": "seq_mean_token_mean", "algorithm.clip_low": 3e-4, "algorithm.clip_high": 4e-4},
 }
 TABLES = ("estimators", "aggregations")
 ROW_LABEL = {"estimators": "estimator", "aggregations": "loss_agg"}
@@ -85,7 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def variants(args: argparse.Namespace) -> dict[str, dict[str, dict]]:
     """{table: {row name: PPOConfig overrides}} for the tables asked for, in TABLES order."""
     rows = {"estimators": {name: ESTIMATORS[name] for name in args.estimators},
-            "aggregations": {agg: {**ESTIMATORS[args.agg_estimator], "loss_agg": agg} for agg in args.aggregations}}
+            "aggregations": {agg: {**ESTIMATORS[args.agg_estimator], "algorithm.loss_agg": agg}
+                             for agg in args.aggregations}}
     return {table: rows[table] for table in TABLES if table in args.tables}
 
 
@@ -96,7 +98,7 @@ def run_dir(table: str, name: str, seed: int) -> str:
 def config_key(config) -> str:
     """The resolved config without its output folder: two runs with the same key are the same run."""
     values = to_dict(config)
-    values.pop("output_dir")
+    values["run"].pop("output_dir")
     return json.dumps(values, sort_keys=True, default=str)
 
 
@@ -124,8 +126,8 @@ def run_all(args: argparse.Namespace) -> dict[str, dict[str, list[dict]]]:
         for name, overrides in rows.items():
             for seed in args.seeds:
                 folder = run_dir(table, name, seed)
-                config = ppo_config(world, sft_dir, seed=seed, updates=args.updates,
-                                    output_dir=str(out / folder), **overrides)
+                config = ppo_config(world, sft_dir, {"run.seed": seed, "optim.updates": args.updates,
+                                                     "run.output_dir": str(out / folder), **overrides})
                 key = config_key(config)
                 if key not in done:
                     done[key] = {"seed": seed, "run_dir": folder, **run_one(world, config)}

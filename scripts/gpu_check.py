@@ -33,17 +33,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-CHECKS = {
-    "gae": {"advantage": "gae", "critic_warmup_updates": 0},
-    "grpo": {"advantage": "grpo"},
-    "dr_grpo": {"advantage": "grpo", "grpo_std_normalize": False, "loss_agg": "seq_mean_token_sum_norm"},
-    "rloo": {"advantage": "rloo"},
-    "reinforce": {"advantage": "reinforce"},
-    "reinforce_pp": {"advantage": "reinforce_pp", "kl_coef": 0.01},
-    "reinforce_pp_baseline": {"advantage": "reinforce_pp_baseline"},
-    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean", "clip_low": 3e-4,
-             "clip_high": 4e-4},
-    "grpo+tis": {"advantage": "grpo", "tis": "token", "loss_agg": "seq_mean_token_mean"},
+CHECKS = {  # PPOConfig overrides by dotted name (envs.typed_config.with_values)
+    "gae": {"algorithm.advantage": "gae", "optim.critic_warmup_updates": 0},
+    "grpo": {"algorithm.advantage": "grpo"},
+    "dr_grpo": {"algorithm.advantage": "grpo", "algorithm.grpo_std_normalize": False,
+                "algorithm.loss_agg": "seq_mean_token_sum_norm"},
+    "rloo": {"algorithm.advantage": "rloo"},
+    "reinforce": {"algorithm.advantage": "reinforce"},
+    "reinforce_pp": {"algorithm.advantage": "reinforce_pp", "algorithm.kl_coef": 0.01},
+    "reinforce_pp_baseline": {"algorithm.advantage": "reinforce_pp_baseline"},
+    "gspo": {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gspo",
+             "algorithm.loss_agg": "seq_mean_token_mean", "algorithm.clip_low": 3e-4, "algorithm.clip_high": 4e-4},
+    "grpo+tis": {"algorithm.advantage": "grpo", "algorithm.tis": "token", "algorithm.loss_agg": "seq_mean_token_mean"},
 }
 
 
@@ -68,9 +69,11 @@ def one_update(world: dict, name: str, overrides: dict, args: argparse.Namespace
     from training.ppo import train
 
     dtype = getattr(torch, args.dtype)
-    cfg = ppo_config(world, str(world["base"]), updates=1, questions_per_update=4, samples_per_question=4,
-                     ppo_epochs=1, mini_batches=2, micro_batch_size=8, eval_questions=0, dtype=args.dtype,
-                     lora=LoraSettings(r=4, alpha=8), output_dir=str(world["folder"] / name), **overrides)
+    cfg = ppo_config(world, str(world["base"]), {
+        "optim.updates": 1, "rollout.questions_per_update": 4, "rollout.samples_per_question": 4,
+        "optim.ppo_epochs": 1, "optim.mini_batches": 2, "optim.micro_batch_size": 8, "evaluation.eval_questions": 0,
+        "model.dtype": args.dtype, "model.lora": LoraSettings(r=4, alpha=8),
+        "run.output_dir": str(world["folder"] / name), **overrides})
     lm = copy.deepcopy(world["policy"]).to(device=accelerator.device, dtype=dtype)
     models = wrap_models(lm, world["tok"], cfg)
     return train(cfg, retriever=world["retriever"], examples=world["train"], eval_examples=[], models=models,
@@ -115,7 +118,7 @@ def run_check(world: dict, name: str, args: argparse.Namespace) -> bool:
             import deepspeed  # noqa: F401
 
             try:
-                stats = one_update(world, name, {"advantage": "grpo"}, args, deepspeed_accelerator())
+                stats = one_update(world, name, {"algorithm.advantage": "grpo"}, args, deepspeed_accelerator())
             finally:
                 release_deepspeed()
         else:

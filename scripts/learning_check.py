@@ -22,7 +22,6 @@ status is 0 when every target is met, 1 otherwise; the last line is
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ if __package__ in (None, ""):  # run as a script
 import yaml
 
 from envs.atomic import write_json_atomic
-from training.config import PPOConfig, load_config
+from training.config import PPOConfig, load_config, with_values
 from training.evaluation.selection_profile import selection_misses
 from training.seed_spread import read_run, spread
 
@@ -57,9 +56,9 @@ def seed_config(args: argparse.Namespace, seed: int, sft_checkpoint: str | None)
         cfg = load_config(PPOConfig, ["--config", args.config, *args.overrides])
     except ValueError as error:  # ConfigError: an unknown key or a value of the wrong kind
         raise SystemExit(f"learning_check: {error}") from None
-    cfg = dataclasses.replace(cfg, seed=seed, output_dir=str(Path(args.out) / f"seed{seed}"))
-    if sft_checkpoint and not cfg.sft_checkpoint:
-        cfg = dataclasses.replace(cfg, sft_checkpoint=sft_checkpoint)
+    cfg = with_values(cfg, {"run.seed": seed, "run.output_dir": str(Path(args.out) / f"seed{seed}")})
+    if sft_checkpoint and not cfg.model.sft_checkpoint:
+        cfg = with_values(cfg, {"model.sft_checkpoint": sft_checkpoint})
     return cfg
 
 
@@ -93,10 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
         result = train(cfg)
         if result["comparison"] is None:
             raise SystemExit("the recipe evaluates nothing (eval_questions: 0): no before/after to report")
-        saved = yaml.safe_load((Path(cfg.output_dir) / "config.yaml").read_text())
-        sft_checkpoint = sft_checkpoint or saved.get("sft_checkpoint")
+        saved = yaml.safe_load((Path(cfg.run.output_dir) / "config.yaml").read_text())
+        sft_checkpoint = sft_checkpoint or saved["model"].get("sft_checkpoint")
         runs.append({"seed": seed, "minutes": (time.perf_counter() - start) / 60,
-                     "comparison": result["comparison"], "output_dir": cfg.output_dir})
+                     "comparison": result["comparison"], "output_dir": cfg.run.output_dir})
     comparison = pooled_comparison(runs)
     misses = selection_misses(comparison)
     path = write_json_atomic({"runs": runs, "comparison": comparison, "misses": misses, "config": args.config,

@@ -31,7 +31,7 @@ from training.config import PPOConfig, load_config  # noqa: E402
 from training.evaluation.answer_sources import ANSWER_SOURCES, answer_sources  # noqa: E402
 from training.evaluation.ppo_report import greedy_rollout_config  # noqa: E402
 from training.rollouts.rollout import collect_rollouts  # noqa: E402
-from training.runtime.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
+from training.runtime.inputs import load_retriever, load_train_and_held_out  # noqa: E402
 from training.sft import warm_start_config  # noqa: E402
 from training.studies.reader_study import forced_answers, teacher_table  # noqa: E402
 from training.teachers.scripted_teacher import collect_scripted  # noqa: E402
@@ -51,8 +51,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def policy_summaries(cfg: PPOConfig, model, tokenizer, examples: list, retriever, env_config) -> list[dict]:
     """The env summaries of the policy's greedy episodes on ``examples`` (the trainer's evaluation)."""
-    backend = HFBackend(model, tokenizer, max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1)
-    venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(examples)), config=env_config,
+    backend = HFBackend(model, tokenizer, max_batch_size=cfg.rollout.rollout_batch_size,
+                        max_context=cfg.rollout.max_context_tokens + 1)
+    venv = SearchVectorEnv(retriever, num_envs=min(cfg.rollout.num_envs, len(examples)), config=env_config,
                            tokenizer=tokenizer)
     episodes = collect_rollouts(backend, venv, examples, greedy_rollout_config(cfg), seeds_r1_prompt_fn(env_config))
     return [episode.info for episode in episodes]
@@ -61,19 +62,19 @@ def policy_summaries(cfg: PPOConfig, model, tokenizer, examples: list, retriever
 def teacher_forced(cfg: PPOConfig, model, tokenizer, examples: list, retriever, env_config) -> dict:
     """:func:`training.studies.reader_study.forced_answers` after the recipe's warm-start teacher on ``examples``."""
     records = collect_scripted(examples, retriever, env_config, warm_start_config(cfg).scripted_teacher(),
-                               num_envs=cfg.num_envs, seed=cfg.eval_seed, tokenizer=tokenizer)
+                               num_envs=cfg.rollout.num_envs, seed=cfg.evaluation.eval_seed, tokenizer=tokenizer)
     return forced_answers(model, tokenizer, records, env_config.expand_form, env_config.judge_context,
-                          max_new_tokens=cfg.max_turn_tokens)
+                          max_new_tokens=cfg.rollout.max_turn_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(argv)
     cfg = load_config(PPOConfig, ["--config", args.config, *overrides])
-    env_config = load_env_config(cfg)
-    _, held_out = load_train_and_held_out(cfg)
-    retriever = load_retriever(cfg)
-    tokenizer = load_tokenizer(args.model or cfg.model)
-    table = teacher_table(held_out, retriever, env_config, seed=cfg.eval_seed, tokenizer=tokenizer)
+    env_config = cfg.env
+    _, held_out = load_train_and_held_out(cfg.data, cfg.evaluation)
+    retriever = load_retriever(cfg.data)
+    tokenizer = load_tokenizer(args.model or cfg.model.name)
+    table = teacher_table(held_out, retriever, env_config, seed=cfg.evaluation.eval_seed, tokenizer=tokenizer)
     print(f"scripted teacher on {len(held_out)} held-out questions (EM, EM per kind, reward):")
     for expansion, readers in table.items():
         for reader, row in readers.items():
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"questions": len(held_out), "teacher": table}
     policy = {k: float("nan") for k in ("em", "first_opened", "question_copy", "first_title_em", "forced_reads")}
     if args.model:
-        model = load_causal_lm(args.model, device="cpu", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
+        model = load_causal_lm(args.model, device="cpu", dtype=cfg.model.dtype,
+                               trust_remote_code=cfg.model.trust_remote_code)
         sources = answer_sources(policy_summaries(cfg, model, tokenizer, held_out, retriever, env_config))
         n = max(1, sources["episodes"])
         print(f"policy {args.model}: EM {sources['em']:.3f}; answers " +

@@ -30,7 +30,7 @@ from inference.backends.hf import HFBackend  # noqa: E402
 from inference.models import load_causal_lm, load_tokenizer  # noqa: E402
 from training.config import PPOConfig, load_config  # noqa: E402
 from training.rollouts.rollout import RolloutConfig, collect_rollouts  # noqa: E402
-from training.runtime.inputs import load_env_config, load_retriever, load_train_and_held_out  # noqa: E402
+from training.runtime.inputs import load_retriever, load_train_and_held_out  # noqa: E402
 from training.studies.verdict_signal import (  # noqa: E402,E501
     judged_episodes,
     question_overlap,
@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def sample(cfg: PPOConfig, args, model, tokenizer, retriever, questions: list) -> tuple[list, list]:
     """(training episodes, held-out episodes) of ``questions[:train]`` and the next ``test``, at temperature 1."""
-    env_config = load_env_config(cfg)
+    env_config = cfg.env
     if env_config.expand_form != "judge":
         raise SystemExit(f"the recipe's env judges nothing (expand_form {env_config.expand_form!r}); "
                          "this diagnostic needs expand_form: judge")
@@ -69,7 +69,8 @@ def sample(cfg: PPOConfig, args, model, tokenizer, retriever, questions: list) -
     if len(questions) < wanted:
         raise SystemExit(f"{wanted} questions asked for, the recipe has {len(questions)} training questions")
     venv = SearchVectorEnv(retriever, num_envs=min(32, wanted), config=env_config, tokenizer=tokenizer)
-    rollout = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
+    rollout = RolloutConfig(max_turn_tokens=cfg.rollout.max_turn_tokens,
+                            max_context_tokens=cfg.rollout.max_context_tokens,
                             temperature=1.0, seed=args.seed)
     backend = HFBackend(model, tokenizer)
     prompt = seeds_r1_prompt_fn(env_config)
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.model)
     model = load_causal_lm(args.model, device="cpu", dtype="native").eval()
     cfg = load_config(PPOConfig, ["--config", args.config, *overrides])
-    result = measure(cfg, args, model, tokenizer, load_retriever(cfg), load_train_and_held_out(cfg)[0])
+    result = measure(cfg, args, model, tokenizer, load_retriever(cfg.data),
+                     load_train_and_held_out(cfg.data, cfg.evaluation)[0])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic({"args": vars(args), "overrides": overrides, **result}, out / "verdict_signal.json")

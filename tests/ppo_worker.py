@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     seen = {"rank": dist.get_rank(), "world_size": dist.get_world_size(), "backend": dist.get_backend(),
             "accelerate_rank": accelerator.process_index, "accelerate_processes": accelerator.num_processes,
             "distributed_type": accelerator.distributed_type.value}
-    set_seed(cfg.seed)  # as train() does before it builds the models
+    set_seed(cfg.run.seed)  # as train() does before it builds the models
     models = build_models(cfg, device=str(accelerator.device))
     probe = models.tokenizer(["<search> capital France</search>"], return_tensors="pt")
     ids, attention = probe["input_ids"], probe["attention_mask"]
@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     seen.update(actor_moved=not same(trained, weights(models.actor, True)),
                 base_unchanged=same(base, weights(models.actor, False)),
                 reference_unchanged=torch.equal(reference, models.reference_logprobs(ids, attention)))
-    Path(cfg.output_dir, f"worker_{seen['rank']}.json").write_text(json.dumps(seen))
+    Path(cfg.run.output_dir, f"worker_{seen['rank']}.json").write_text(json.dumps(seen))
     return 0
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from training.config import PPOConfig
+from training.config import PPOConfig, dotted_keys, with_values
 from training.ppo import actor_objective
 
 # Five model tokens (row 0: a b c; row 1: d, a masked-out token, f); per token, by hand:
@@ -40,7 +40,7 @@ def micro_batch() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
 def config(**overrides) -> PPOConfig:
     base = {"clip_low": 0.1, "clip_high": 0.3, "dual_clip": 3.0, "entropy_coef": 0.05, "kl_coef": 0.1,
             "kl_mode": "loss", "kl_estimator": "k2", "kl_tokens": "all", "loss_agg": "token_mean"}
-    return PPOConfig(**{**base, **overrides})
+    return with_values(PPOConfig, dotted_keys({**base, **overrides}))
 
 
 # per token w·L − 0.05·H + 0.1·k2:

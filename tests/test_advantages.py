@@ -12,7 +12,7 @@ import torch
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training.algorithm import advantages as A
 from training.algorithm import ppo_core as pc
-from training.config import ConfigError, LoraSettings, PPOConfig
+from training.config import ConfigError, LoraSettings, PPOConfig, dotted_keys, with_values
 from training.models.policy_models import wrap_models
 
 
@@ -103,13 +103,13 @@ def test_importance_weights_truncate_or_mask_tokens_and_sequences():
 
 def test_settings_are_checked():
     with pytest.raises(ConfigError, match="recompute"):
-        PPOConfig(tis="token", old_logprobs="sampler")
+        with_values(PPOConfig, {"algorithm.tis": "token", "algorithm.old_logprobs": "sampler"})
     with pytest.raises(ConfigError):
-        PPOConfig(loss_agg="mean")
+        with_values(PPOConfig, {"algorithm.loss_agg": "mean"})
     with pytest.raises(ConfigError):
-        PPOConfig(advantage="ppo")
+        with_values(PPOConfig, {"algorithm.advantage": "ppo"})
     with pytest.raises(ConfigError):
-        PPOConfig(tis="token", tis_cap=0.5)
+        with_values(PPOConfig, {"algorithm.tis": "token", "algorithm.tis_cap": 0.5})
 
 
 @pytest.mark.parametrize("overrides", [
@@ -123,11 +123,13 @@ def test_one_update_with_each_setting(tmp_path, retriever, examples, overrides):
     from training.ppo import train
 
     tok = tiny_tokenizer()
-    cfg = PPOConfig(output_dir=str(tmp_path), updates=1, questions_per_update=2, samples_per_question=2,
+    cfg = with_values(PPOConfig,
+                      dotted_keys(dict(output_dir=str(tmp_path), updates=1, questions_per_update=2,
+                                       samples_per_question=2,
                     micro_batch_size=2, mini_batches=2, max_turn_tokens=8, max_context_tokens=512,
                     env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lora=LoraSettings(r=4, alpha=8),
                     export=False, sft_warm_start=False, log_samples=0, temperature=1.0,
-                    old_logprobs="recompute", **overrides)
+                    old_logprobs="recompute", **overrides)))
     torch.manual_seed(0)
     models = wrap_models(tiny_llama(tok), tok, cfg)
     before = {n: p.detach().clone() for n, p in models.actor.named_parameters() if p.requires_grad}
@@ -135,7 +137,7 @@ def test_one_update_with_each_setting(tmp_path, retriever, examples, overrides):
     assert models.critic is None and math.isfinite(stats["policy_loss"])
     moved = any(not torch.equal(before[n], p) for n, p in models.actor.named_parameters() if p.requires_grad)
     assert moved and stats["grad_norm_actor"] > 0  # the rewards differ within a group here (seeded)
-    if cfg.tis != "none":
+    if cfg.algorithm.tis != "none":
         assert 0.0 <= stats["tis_clipped_frac"] <= 1.0 and stats["tis_weight_mean"] > 0
 
 
@@ -172,18 +174,21 @@ def test_dynamic_sampling_in_the_trainer(tmp_path, retriever, examples):
     from training.ppo import train
 
     tok = tiny_tokenizer()
-    cfg = PPOConfig(output_dir=str(tmp_path), updates=1, questions_per_update=2, samples_per_question=2,
-                    micro_batch_size=2, mini_batches=2, max_turn_tokens=8, max_context_tokens=512,
-                    env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lora=LoraSettings(r=4, alpha=8),
-                    export=False, sft_warm_start=False, log_samples=0, temperature=1.0, advantage="rloo",
-                    dynamic_sampling=True, dynamic_sampling_max_rounds=1)
+    cfg = with_values(PPOConfig,
+                      {"run.output_dir": str(tmp_path), "optim.updates": 1, "rollout.questions_per_update": 2,
+                       "rollout.samples_per_question": 2, "optim.micro_batch_size": 2, "optim.mini_batches": 2,
+                       "rollout.max_turn_tokens": 8, "rollout.max_context_tokens": 512, "env": {"max_actions": 3},
+                       "evaluation.eval_questions": 0, "optim.lr_actor": 1e-2,
+                       "model.lora": LoraSettings(r=4, alpha=8), "run.export": False, "warm_start.enabled": False,
+                       "run.log_samples": 0, "rollout.temperature": 1.0, "algorithm.advantage": "rloo",
+                       "algorithm.dynamic_sampling": True, "algorithm.dynamic_sampling_max_rounds": 1})
     torch.manual_seed(0)
     stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[],
                   models=wrap_models(tiny_llama(tok), tok, cfg))["history"][0]
     assert stats["dynamic_extra_rounds"] in (0.0, 1.0) and 0 <= stats["dynamic_groups_kept"] <= 2
     assert math.isfinite(stats["policy_loss"])
     with pytest.raises(ConfigError, match="dynamic_sampling"):
-        PPOConfig(dynamic_sampling=True, samples_per_question=1)
+        with_values(PPOConfig, {"algorithm.dynamic_sampling": True, "rollout.samples_per_question": 1})
 
 
 def test_overlong_penalty_is_zero_then_linear_then_minus_one():
@@ -193,7 +198,7 @@ def test_overlong_penalty_is_zero_then_linear_then_minus_one():
     close(overlong_penalty(torch.tensor([10, 80, 81, 90, 100, 101, 500]), 100, 20),
           [0.0, 0.0, -0.05, -0.5, -1.0, -1.0, -1.0])
     with pytest.raises(ConfigError, match="overlong_buffer"):
-        PPOConfig(overlong_buffer=200, overlong_max_tokens=100)
+        with_values(PPOConfig, {"algorithm.overlong_buffer": 200, "algorithm.overlong_max_tokens": 100})
 
 
 def test_overlong_shaping_in_the_trainer(tmp_path, retriever, examples):
@@ -203,11 +208,13 @@ def test_overlong_shaping_in_the_trainer(tmp_path, retriever, examples):
 
     def update(**overrides):
         tok = tiny_tokenizer()
-        cfg = PPOConfig(output_dir=str(tmp_path / str(len(overrides))), updates=1, questions_per_update=2,
+        cfg = with_values(PPOConfig,
+                          dotted_keys(dict(output_dir=str(tmp_path / str(len(overrides))), updates=1,
+                                           questions_per_update=2,
                         samples_per_question=2, micro_batch_size=2, mini_batches=1, max_turn_tokens=8,
                         max_context_tokens=512, env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2,
                         lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0,
-                        temperature=1.0, advantage="grpo", **overrides)
+                        temperature=1.0, advantage="grpo", **overrides)))
         torch.manual_seed(0)
         return train(cfg, retriever=retriever, examples=examples, eval_examples=[],
                      models=wrap_models(tiny_llama(tok), tok, cfg))["history"][0]

@@ -18,7 +18,7 @@ from methods.seeds import SeedsR1
 from training import ppo
 from training.algorithm.advantages import grpo_advantages
 from training.algorithm.answer_credit import answer_term, answer_turn_advantages, answer_turn_mask
-from training.config import ConfigError, LoraSettings, PPOConfig
+from training.config import ConfigError, LoraSettings, PPOConfig, with_values
 from training.models.policy_models import wrap_models
 from training.ppo_loop import ppo_score
 from training.ppo_loop.ppo_batch import episodes_to_batch
@@ -61,12 +61,14 @@ def test_answer_tokens_take_the_answer_terms_group_advantage_and_nothing_else_mo
 
 
 def test_the_setting_is_checked_when_the_config_loads():
-    assert PPOConfig(advantage="grpo", answer_credit="answer").answer_credit == "answer"
-    assert PPOConfig().answer_credit == "episode"
+    assert with_values(PPOConfig,
+                       {"algorithm.advantage": "grpo",
+                        "algorithm.answer_credit": "answer"}).algorithm.answer_credit == "answer"
+    assert PPOConfig().algorithm.answer_credit == "episode"
     with pytest.raises(ConfigError, match="outcome estimator"):
-        PPOConfig(advantage="gae", answer_credit="answer")
+        with_values(PPOConfig, {"algorithm.advantage": "gae", "algorithm.answer_credit": "answer"})
     with pytest.raises(ConfigError, match="answer_credit"):
-        PPOConfig(advantage="grpo", answer_credit="verdicts")
+        with_values(PPOConfig, {"algorithm.advantage": "grpo", "algorithm.answer_credit": "verdicts"})
 
 
 def test_rollout_batches_mark_the_answer_tokens_and_carry_the_answer_term(script_lm, tokenizer, retriever,  # noqa: F811
@@ -102,11 +104,15 @@ def test_the_trainer_credits_answer_turns_by_the_answer_term(tmp_path, retriever
 
     real_with_answer_credit = ppo_score.with_answer_credit
     monkeypatch.setattr(ppo_score, "with_answer_credit", recording)
-    cfg = PPOConfig(output_dir=str(tmp_path), updates=2, questions_per_update=2, samples_per_question=2,
-                    micro_batch_size=2, mini_batches=2, max_turn_tokens=8, max_context_tokens=2048,
-                    env={"max_actions": 3, "max_searches": 1}, eval_questions=0, lr_actor=1e-2,
-                    lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0,
-                    advantage="grpo", answer_credit="answer", temperature=1.0, cache_frozen_layers=False)
+    cfg = with_values(PPOConfig,
+                      {"run.output_dir": str(tmp_path), "optim.updates": 2, "rollout.questions_per_update": 2,
+                       "rollout.samples_per_question": 2, "optim.micro_batch_size": 2, "optim.mini_batches": 2,
+                       "rollout.max_turn_tokens": 8, "rollout.max_context_tokens": 2048,
+                       "env": {"max_actions": 3, "max_searches": 1}, "evaluation.eval_questions": 0,
+                       "optim.lr_actor": 1e-2, "model.lora": LoraSettings(r=4, alpha=8), "run.export": False,
+                       "warm_start.enabled": False, "run.log_samples": 0, "algorithm.advantage": "grpo",
+                       "algorithm.answer_credit": "answer", "rollout.temperature": 1.0,
+                       "model.cache_frozen_layers": False})
     result = ppo.train(cfg, retriever=retriever, examples=examples, eval_examples=[],
                        models=wrap_models(copy.deepcopy(script_lm), tokenizer, cfg))
     assert len(seen) == 2 and all(torch.isfinite(torch.tensor(h["policy_loss"])) for h in result["history"])

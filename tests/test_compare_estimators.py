@@ -57,27 +57,29 @@ def test_variants_fix_the_estimator_and_vary_the_aggregation():
     assert found["estimators"] == {"gae": compare_estimators.ESTIMATORS["gae"]}
     assert list(found["aggregations"]) == ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum",
                                            "seq_mean_token_sum_norm"]
-    assert all(v == {"advantage": "grpo", "loss_agg": agg} for agg, v in found["aggregations"].items())
+    assert all(v == {"algorithm.advantage": "grpo", "algorithm.loss_agg": agg}
+               for agg, v in found["aggregations"].items())
     assert list(compare_estimators.variants(compare_estimators.parse_args(["--tables", "estimators"]))) == [
         "estimators"]
 
 
 def test_the_estimator_table_names_valid_settings():
     """Every row is a valid PPOConfig override; the frontier rows are the named combinations they say."""
-    from training.config import PPOConfig
+    from training.config import PPOConfig, with_values
 
     table = compare_estimators.ESTIMATORS
     assert list(table) == ["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo"]
     for overrides in table.values():
-        PPOConfig(**overrides)
-    assert table["reinforce_pp_baseline"] == {"advantage": "reinforce_pp_baseline"}
-    assert table["gspo"] == {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean",
-                             "clip_low": 3e-4, "clip_high": 4e-4}
+        with_values(PPOConfig, overrides)
+    assert table["reinforce_pp_baseline"] == {"algorithm.advantage": "reinforce_pp_baseline"}
+    assert table["gspo"] == {"algorithm.advantage": "grpo", "algorithm.policy_loss": "gspo",
+                             "algorithm.loss_agg": "seq_mean_token_mean", "algorithm.clip_low": 3e-4,
+                             "algorithm.clip_high": 4e-4}
     default = compare_estimators.variants(compare_estimators.parse_args([]))
     assert {"reinforce_pp_baseline", "gspo"} <= set(default["estimators"])
     # gspo as the aggregation table's estimator: its loss_agg gives way to each row's
     found = compare_estimators.variants(compare_estimators.parse_args(["--agg-estimator", "gspo"]))
-    assert found["aggregations"]["token_mean"] == {**table["gspo"], "loss_agg": "token_mean"}
+    assert found["aggregations"]["token_mean"] == {**table["gspo"], "algorithm.loss_agg": "token_mean"}
 
 
 def test_real_runs_fill_both_tables(tmp_path, monkeypatch, capsys):
@@ -94,7 +96,8 @@ def test_real_runs_fill_both_tables(tmp_path, monkeypatch, capsys):
     assert runs["aggregations"]["token_mean"][0]["run_dir"] == "rloo-seed0"
     for name, expected_agg in (("rloo", "token_mean"), ("agg-seq_mean_token_sum", "seq_mean_token_sum")):
         config = yaml.safe_load((tmp_path / f"{name}-seed0" / "config.yaml").read_text())
-        assert (config["advantage"], config["loss_agg"], config["updates"]) == ("rloo", expected_agg, 1)
+        algorithm = config["algorithm"]
+        assert (algorithm["advantage"], algorithm["loss_agg"], config["optim"]["updates"]) == ("rloo", expected_agg, 1)
     assert not (tmp_path / "agg-token_mean-seed0").exists()
     for table in ("estimators", "aggregations"):
         for rows_ in runs[table].values():

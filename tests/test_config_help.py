@@ -101,11 +101,13 @@ def test_ppo_help_documents_every_field(capsys):
     for spec in dataclasses.fields(PPOConfig):
         assert f"--{spec.name} " in text or f"--{spec.name}.*" in text, spec.name
         assert doc_of(PPOConfig, spec.name) in flat, spec.name
-    assert "--lora.r  int = 16" in text and doc_of(ALL["LoraSettings"], "r") in flat
+    assert "--model.lora.r  int = 16" in text and doc_of(ALL["LoraSettings"], "r") in flat
     assert "--env.reward.negative_opened_penalty  float = 0.05" in text
     assert doc_of(ALL["RewardConfig"], "negative_opened_penalty") in flat
-    assert "--sft.epochs  int = 3" in text and doc_of(WarmStartConfig, "epochs") in flat
-    assert "--vllm.gpu_memory_utilization" in text and "--sft.lora.enabled  bool = False" in text
+    assert "--warm_start.epochs  int = 2" in text and doc_of(WarmStartConfig, "epochs") in flat
+    assert "--rollout.vllm.gpu_memory_utilization" in text and "--warm_start.lora.enabled  bool = True" in text
+    for section in ("model", "data", "env", "rollout", "optim", "algorithm", "warm_start", "evaluation", "run"):
+        assert f"--{section}.*  section:" in text, section
 
 
 def test_sft_help_documents_every_field(capsys):

@@ -10,7 +10,7 @@ import torch
 
 from tests.test_ppo_loop import probe, tiny_cfg, trainable
 from tests.tiny_models import tiny_gemma3, tiny_llama, tiny_tokenizer
-from training.config import LoraSettings
+from training.config import LoraSettings, with_values
 from training.models.frozen_prefix import frozen_depth, prefix_hidden
 from training.models.policy_models import wrap_models
 from training.ppo import train
@@ -107,8 +107,9 @@ def test_ppo_with_the_cache_trains_the_same_weights(tok, tmp_path, retriever, ex
                    advantage="grpo", seed=3, kl_coef=kl_coef, kl_mode="loss", kl_estimator="k3")
     weights, cached_references, reused = {}, [], {}
     for cache, reuse in ((False, False), (True, False), (True, True)):
-        run_cfg = dataclasses.replace(cfg, cache_frozen_layers=cache, reuse_rollout_states=reuse,
-                                      output_dir=str(tmp_path / f"{cache}-{reuse}"))
+        run_cfg = with_values(cfg,
+                              {"model.cache_frozen_layers": cache, "rollout.reuse_rollout_states": reuse,
+                               "run.output_dir": str(tmp_path / f"{cache}-{reuse}")})
         models = wrap_models(tiny_llama(tok), tok, run_cfg)
         models = dataclasses.replace(models, reference_logprobs=spying(models.reference_logprobs, cache,
                                                                        cached_references))

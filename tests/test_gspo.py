@@ -9,7 +9,7 @@ import torch
 
 from training.algorithm.policy_losses import gspo_loss_terms
 from training.algorithm.ppo_core import policy_loss_terms
-from training.config import ConfigError, PPOConfig
+from training.config import ConfigError, PPOConfig, dotted_keys, with_values
 from training.ppo import actor_objective
 
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, -3.0]])
@@ -81,7 +81,8 @@ def test_extreme_log_ratios_stay_finite():
 
 
 def objective(**overrides) -> float:
-    cfg = PPOConfig(entropy_coef=0.0, kl_coef=0.0, clip_low=0.2, clip_high=0.2, **overrides)
+    cfg = with_values(PPOConfig,
+                      dotted_keys(dict(entropy_coef=0.0, kl_coef=0.0, clip_low=0.2, clip_high=0.2, **overrides)))
     mb = {"model_mask": MASK, "old_logp": OLD, "advantages": ADV}
     loss, *_ = actor_objective(cfg, OLD + STEP, torch.zeros(2, 3), mb, torch.tensor(5.0), torch.tensor(2.0))
     return float(loss)
@@ -99,7 +100,7 @@ def test_the_trainer_objective_uses_the_configured_policy_loss():
 
 def test_gspo_settings_are_checked():
     with pytest.raises(ConfigError, match="dual_clip"):
-        PPOConfig(policy_loss="gspo", dual_clip=3.0)
+        with_values(PPOConfig, {"algorithm.policy_loss": "gspo", "algorithm.dual_clip": 3.0})
     with pytest.raises(ConfigError, match="policy_loss"):
-        PPOConfig(policy_loss="grpo")
-    assert PPOConfig().policy_loss == "ppo"
+        with_values(PPOConfig, {"algorithm.policy_loss": "grpo"})
+    assert PPOConfig().algorithm.policy_loss == "ppo"

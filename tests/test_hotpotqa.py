@@ -2,7 +2,6 @@
 bad input named by file and line, configs/ppo/hotpotqa.yaml, and a one-update tiny run on it."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import random
@@ -19,7 +18,7 @@ from envs.hotpotqa import (
     split_questions,
 )
 from envs.retrieval.corpus import load_corpus
-from envs.typed_config import load_config
+from envs.typed_config import changed_fields, load_config
 from scripts import prepare_hotpotqa as prepare_script
 from tests.conftest import PASSAGES
 from training.config import PPOConfig
@@ -169,11 +168,12 @@ def test_the_script_reports_bad_input_without_a_traceback(tmp_path, capsys):
 def test_the_recipe_is_the_default_on_the_prepared_hotpotqa_files():
     cfg = load_config(PPOConfig, ["--config", str(RECIPE)])
     default = load_config(PPOConfig, ["--config", str(RECIPE.parent / "default.yaml")])
-    differing = {f.name for f in dataclasses.fields(PPOConfig) if getattr(cfg, f.name) != getattr(default, f.name)}
-    assert differing == {"data", "eval_data", "index", "train_questions", "eval_questions", "output_dir"}
-    assert (cfg.data, cfg.eval_data, cfg.index) == ("data/hotpotqa/train.jsonl", "data/hotpotqa/held_out.jsonl",
-                                                    "data/hotpotqa/index")
-    assert (cfg.train_questions, cfg.eval_questions) == (0, 55)  # all 445 / all 55 of the 500-question file
+    assert changed_fields(cfg, default) == {"data.train_data", "evaluation.eval_data", "data.index",
+                                            "data.train_questions", "evaluation.eval_questions", "run.output_dir"}
+    assert (cfg.data.train_data, cfg.evaluation.eval_data, cfg.data.index) == (
+        "data/hotpotqa/train.jsonl", "data/hotpotqa/held_out.jsonl", "data/hotpotqa/index")
+    # all 445 / all 55 of the 500-question file
+    assert (cfg.data.train_questions, cfg.evaluation.eval_questions) == (0, 55)
     assert prepare_script.DEFAULT_OUT == "data/hotpotqa"
 
 
@@ -189,7 +189,7 @@ def test_the_trainer_reads_the_recipe_split(tmp_path):
     out, summary = prepared(tmp_path, 40)
     cfg = load_config(PPOConfig, ["--config", str(RECIPE), "--data", str(out / "train.jsonl"),
                                   "--eval_data", str(out / "held_out.jsonl"), "--eval_questions", "100"])
-    train, held_out = load_train_and_held_out(cfg)
+    train, held_out = load_train_and_held_out(cfg.data, cfg.evaluation)
     assert (len(train), len(held_out)) == (summary["train"], summary["held_out"])
     assert all(is_held_out(e.id) for e in held_out) and not any(is_held_out(e.id) for e in train)
     assert not {e.question for e in train} & {e.question for e in held_out}

@@ -15,7 +15,7 @@ from tests.tiny_models import tiny_llama, tiny_tokenizer
 from tests.update_worker import default_shape_config, make_episodes
 from training.algorithm import advantages as A
 from training.algorithm.kl_estimators import kl_penalty
-from training.config import ConfigError, PPOConfig
+from training.config import ConfigError, PPOConfig, with_values
 from training.models.policy_models import wrap_models
 from training.ppo_loop.ppo_score import episode_kl_sums, episode_rewards, score
 from training.ppo_loop.ppo_setup import Run
@@ -55,7 +55,7 @@ def scored(cfg: PPOConfig) -> dict[str, torch.Tensor]:
 def test_kl_in_the_reward_moves_the_outcome_estimators_advantages(advantage):
     base = dataclasses.replace(default_shape_config(), advantage=advantage, kl_mode="reward", kl_estimator="k1",
                                kl_coef=0.5, verdict_credit=0.0, cache_frozen_layers=False)
-    with_kl, without = scored(base), scored(dataclasses.replace(base, kl_coef=0.0))
+    with_kl, without = scored(base), scored(with_values(base, {"algorithm.kl_coef": 0.0}))
     E = int((with_kl["owner"] < 0).sum())
     mask = with_kl["model_mask"]
     kl = kl_penalty(with_kl["old_logp"], with_kl["ref_logp"], "k1") * with_kl["choice_mask"] * mask
@@ -68,13 +68,17 @@ def test_kl_in_the_reward_moves_the_outcome_estimators_advantages(advantage):
 
 def test_kl_settings_that_cannot_work_are_refused():
     with pytest.raises(ConfigError, match="k1"):
-        PPOConfig(kl_mode="loss", kl_estimator="k1", kl_coef=0.1)
-    PPOConfig(kl_mode="loss", kl_estimator="k1", kl_coef=0.0)  # no KL term at all: nothing to refuse
+        with_values(PPOConfig, {"algorithm.kl_mode": "loss", "algorithm.kl_estimator": "k1", "algorithm.kl_coef": 0.1})
+    with_values(PPOConfig,
+                {"algorithm.kl_mode": "loss", "algorithm.kl_estimator": "k1",
+                 "algorithm.kl_coef": 0.0})  # no KL term at all: nothing to refuse
     with pytest.raises(ConfigError, match="exact"):
-        PPOConfig(kl_mode="loss", kl_estimator="exact", kl_tokens="all")
+        with_values(PPOConfig,
+                    {"algorithm.kl_mode": "loss", "algorithm.kl_estimator": "exact", "algorithm.kl_tokens": "all"})
     with pytest.raises(ConfigError, match="kl_coef"):
-        PPOConfig(kl_coef=-0.1)
-    PPOConfig(kl_mode="loss", kl_estimator="exact", kl_tokens="verdicts")
+        with_values(PPOConfig, {"algorithm.kl_coef": -0.1})
+    with_values(PPOConfig,
+                {"algorithm.kl_mode": "loss", "algorithm.kl_estimator": "exact", "algorithm.kl_tokens": "verdicts"})
 
 
 def test_exact_two_way_kl_is_the_kl_whichever_option_was_taken_and_its_gradient_is_the_kls():

@@ -44,7 +44,7 @@ def test_the_update_summary_gives_means_over_steps_and_the_largest_step():
 def test_target_kl_must_be_positive(tmp_path):
     with pytest.raises(ConfigError, match="target_kl"):
         tiny_cfg(tmp_path, target_kl=0.0)
-    assert tiny_cfg(tmp_path, target_kl=0.02).target_kl == 0.02
+    assert tiny_cfg(tmp_path, target_kl=0.02).optim.target_kl == 0.02
 
 
 def run_update(tmp_path, retriever, examples, name, **overrides):

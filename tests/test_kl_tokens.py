@@ -10,7 +10,7 @@ import torch
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
 
 from tests.test_ppo_loop import tiny_cfg
-from training.config import ConfigError, PPOConfig
+from training.config import ConfigError, PPOConfig, with_values
 from training.models.policy_models import wrap_models
 from training.ppo import actor_objective, train
 
@@ -18,7 +18,9 @@ from training.ppo import actor_objective, train
 def objective(kl_coef: float, kl_tokens: str) -> float:
     """One row, three model tokens: text, verdict, text; the policy has moved away from the reference
     at every token, and not from the sampler (ratio 1, zero advantage: the surrogate is 0)."""
-    cfg = PPOConfig(kl_coef=kl_coef, kl_mode="loss", kl_estimator="k3", kl_tokens=kl_tokens)
+    cfg = with_values(PPOConfig,
+                      {"algorithm.kl_coef": kl_coef, "algorithm.kl_mode": "loss", "algorithm.kl_estimator": "k3",
+                       "algorithm.kl_tokens": kl_tokens})
     logp = torch.log(torch.tensor([[0.5, 0.2, 0.6]]))
     mb = {"model_mask": torch.ones(1, 3), "old_logp": logp.clone(), "advantages": torch.zeros(1, 3),
           "ref_logp": torch.log(torch.tensor([[0.1, 0.5, 0.9]])), "choice_mask": torch.tensor([[0.0, 1.0, 0.0]])}
@@ -40,10 +42,11 @@ def test_verdict_kl_counts_the_verdict_token_only():
 
 def test_kl_tokens_is_checked():
     with pytest.raises(ConfigError, match="kl_tokens"):
-        PPOConfig(kl_tokens="text")
+        with_values(PPOConfig, {"algorithm.kl_tokens": "text"})
 
 
-def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, retriever, examples, script_lm,  # noqa: F811
+def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, retriever, examples, script_lm,
+                                                                    # noqa: F811
                                                                    tokenizer):  # noqa: F811
     """Judged alone, the episodes' rows carry no verdict token: the reference pass skips them, and
     the logged KL is the verdicts' (finite, from the rows the reference scored)."""
@@ -61,5 +64,5 @@ def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, ret
     reference, models = models.reference_logprobs, dataclasses.replace(models, reference_logprobs=reference_logprobs)
     result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
     assert scored and all(bool((rows >= 1).any()) for rows in scored)
-    assert sum(int((rows == 0).sum()) for rows in scored) < cfg.micro_batch_size  # no all-episode micro-batch
+    assert sum(int((rows == 0).sum()) for rows in scored) < cfg.optim.micro_batch_size  # no all-episode micro-batch
     assert math.isfinite(result["history"][0]["kl"])

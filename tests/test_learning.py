@@ -64,7 +64,7 @@ def alone_warm_start(setup):
 
 # the verdicts' credit: their episode's advantage only, or also their own candidate's term with the
 # price of opening taken out (verdict_credit_centred: it holds how many are opened, moves which)
-CREDITS = {"episode": {}, "centred": {"verdict_credit": 2.0, "verdict_credit_centred": True}}
+CREDITS = {"episode": {}, "centred": {"algorithm.verdict_credit": 2.0, "algorithm.verdict_credit_centred": True}}
 
 
 @pytest.mark.parametrize("credit", sorted(CREDITS))
@@ -72,7 +72,8 @@ def test_ppo_learns_which_box_to_open_judging_each_alone(setup, alone_warm_start
     from training.ppo import train
 
     out = setup["folder"] / f"ppo-alone-{credit}"
-    result = train(ppo_config(setup, alone_warm_start, env=dict(ALONE_ENV), output_dir=str(out), **CREDITS[credit]),
+    result = train(ppo_config(setup, alone_warm_start, {"env": dict(ALONE_ENV), "run.output_dir": str(out),
+                                                         **CREDITS[credit]}),
                    retriever=setup["retriever"], examples=setup["train"], eval_examples=setup["held_out"])
     precision, reward = result["comparison"]["precision"], result["comparison"]["reward"]
     print(f"learning test (alone, {credit} credit):", result["comparison"])

@@ -20,8 +20,8 @@ def lc():
 def test_recipe_overrides_and_seed_folders(lc, tmp_path):
     args = lc.parse_args(["--seeds", "0", "3", "--updates", "5", "--lora.r", "8", "--out", str(tmp_path)])
     cfg = lc.seed_config(args, 3, sft_checkpoint="warm/model")
-    assert (cfg.updates, cfg.lora.r, cfg.seed) == (5, 8, 3)
-    assert cfg.output_dir == str(tmp_path / "seed3") and cfg.sft_checkpoint == "warm/model"
+    assert (cfg.optim.updates, cfg.model.lora.r, cfg.run.seed) == (5, 8, 3)
+    assert cfg.run.output_dir == str(tmp_path / "seed3") and cfg.model.sft_checkpoint == "warm/model"
     assert cfg.env["expand_form"] == "judge" and cfg.env["shuffle_candidates"] is True
     with pytest.raises(SystemExit):
         lc.seed_config(lc.parse_args(["--no_such_field", "3"]), 0, None)

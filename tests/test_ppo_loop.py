@@ -1,7 +1,6 @@
 """The SEEDS-R1 PPO loop on a tiny random Llama (2 layers, width 64) and the toy corpus (CPU, seconds)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -10,7 +9,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.tiny_models import tiny_llama, tiny_tokenizer
-from training.config import ConfigError, LoraSettings, PPOConfig, load_config, save_resolved
+from training.config import ConfigError, LoraSettings, PPOConfig, dotted_keys, load_config, save_resolved, with_values
 from training.models.checkpoint import export_hf, list_checkpoints, load_latest
 from training.models.policy_models import sequence_logprobs, sequence_values, wrap_models
 from training.ppo import train
@@ -29,7 +28,7 @@ def tiny_cfg(out, **overrides) -> PPOConfig:
                   max_context_tokens=512, env={"max_actions": 3}, eval_questions=0, lr_actor=1e-2, lr_critic=1e-2,
                   lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0)
     values.update(overrides)
-    return PPOConfig(**values)
+    return with_values(PPOConfig, dotted_keys(values))
 
 
 def trainable(module) -> dict[str, torch.Tensor]:
@@ -133,9 +132,20 @@ def test_config_yaml_cli_overrides_and_unknown_keys(tmp_path):
     cfg = load_config(PPOConfig, ["--config", str(recipe), "--lora.r", "8", "--updates=3", "--resume",
                                   "--env.max_actions", "4", "--dual_clip", "3", "--sft_checkpoint", "null",
                                   "--kl-mode", "loss", "--kl_estimator", "k3"])
-    assert cfg.model == "smollm2-135m" and cfg.updates == 3 and cfg.lr_actor == 2e-6 and cfg.resume is True
-    assert cfg.lora.r == 8 and cfg.lora.alpha == 64 and cfg.env == {"top_k": 3, "max_actions": 4}
-    assert cfg.dual_clip == 3.0 and isinstance(cfg.dual_clip, float) and cfg.kl_mode == "loss"
+    assert cfg.model.name == "smollm2-135m" and cfg.optim.updates == 3 and cfg.optim.lr_actor == 2e-6
+    assert cfg.run.resume is True
+    assert cfg.model.lora.r == 8 and cfg.model.lora.alpha == 64
+    assert (cfg.env.candidates_per_search, cfg.env.max_actions) == (3, 4)
+    assert cfg.algorithm.dual_clip == 3.0 and isinstance(cfg.algorithm.dual_clip, float)
+    assert cfg.algorithm.kl_mode == "loss"
+    # the same config, nested: the old flat names above are read through OLD_FLAT_KEYS
+    recipe.write_text(yaml.safe_dump({"model": {"name": "smollm2-135m", "lora": {"r": 32, "alpha": 64}},
+                                      "optim": {"updates": 7, "lr_actor": 2e-6}, "env": {"candidates_per_search": 3}}))
+    nested = load_config(PPOConfig, ["--config", str(recipe), "--model.lora.r", "8", "--optim.updates=3",
+                                     "--run.resume", "--env.max_actions", "4", "--algorithm.dual_clip", "3",
+                                     "--model.sft_checkpoint", "null", "--algorithm.kl-mode", "loss",
+                                     "--algorithm.kl_estimator", "k3"])
+    assert nested == cfg
     with pytest.raises(ConfigError, match="lora.rank"):
         load_config(PPOConfig, ["--lora.rank", "8"])
     with pytest.raises(ConfigError, match="learning_rate"):
@@ -241,15 +251,15 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
                         or str(tmp_path / "sft"))
     cfg = tiny_cfg(tmp_path, sft_warm_start=True, lora=LoraSettings(enabled=False, r=4))
     resolved = resolve_sft_checkpoint(cfg, retriever="R", examples=["train questions"])
-    assert resolved.sft_checkpoint == str(tmp_path / "sft")
+    assert resolved.model.sft_checkpoint == str(tmp_path / "sft")
     view, retriever, examples = calls[0]
     assert retriever == "R" and view is cfg and examples == ["train questions"]  # never the held-out ones
     warm = warm_start_config(cfg)  # a full-fine-tune PPO run gets a full-fine-tune warm start
     assert warm.lora.enabled is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
-    assert warm_start_config(dataclasses.replace(cfg, sft={"epochs": 5, "lora": True})).epochs == 5
-    given = dataclasses.replace(cfg, sft_checkpoint="somewhere")
+    assert warm_start_config(with_values(cfg, {"warm_start": {"epochs": 5, "lora": True}})).epochs == 5
+    given = with_values(cfg, {"model.sft_checkpoint": "somewhere"})
     assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
-    assert resolve_sft_checkpoint(dataclasses.replace(cfg, sft_warm_start=False)).sft_checkpoint is None
+    assert resolve_sft_checkpoint(with_values(cfg, {"warm_start.enabled": False})).model.sft_checkpoint is None
 
 
 def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):

@@ -19,8 +19,8 @@ OVERRIDES = ["--", "--env.expand_form", "list", "--env.judge_context", "stream",
 
 @pytest.fixture
 def toy_world(monkeypatch, retriever, examples, tokenizer, script_lm):  # noqa: F811
-    monkeypatch.setattr(reader_study, "load_retriever", lambda cfg: retriever)
-    monkeypatch.setattr(reader_study, "load_train_and_held_out", lambda cfg: (examples, examples))
+    monkeypatch.setattr(reader_study, "load_retriever", lambda data: retriever)
+    monkeypatch.setattr(reader_study, "load_train_and_held_out", lambda data, evaluation: (examples, examples))
     monkeypatch.setattr(reader_study, "load_tokenizer", lambda name: tokenizer)
     loaded = []
     monkeypatch.setattr(reader_study, "load_causal_lm", lambda name, **kw: loaded.append(name) or script_lm)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.algorithm import advantages as A
-from training.config import OUTCOME_ESTIMATORS, ConfigError, PPOConfig
+from training.config import OUTCOME_ESTIMATORS, ConfigError, PPOConfig, with_values
 
 # group a = (1, 0): deviations ±0.5; group b = (2, 0): ±1. Rows have 2, 1, 1 and 2 model tokens.
 SCORES = torch.tensor([1.0, 0.0, 2.0, 0.0])
@@ -55,8 +55,10 @@ def test_equal_groups_and_single_samples_get_the_shifted_zero():
 def test_registered_as_a_group_and_outcome_estimator():
     assert "reinforce_pp_baseline" in A.ADVANTAGE_ESTIMATORS
     assert "reinforce_pp_baseline" in A.GROUP_ESTIMATORS and "reinforce_pp_baseline" in OUTCOME_ESTIMATORS
-    PPOConfig(advantage="reinforce_pp_baseline", answer_credit="answer")  # an outcome estimator: allowed
+    with_values(PPOConfig,
+                {"algorithm.advantage": "reinforce_pp_baseline",
+                 "algorithm.answer_credit": "answer"})  # an outcome estimator: allowed
     with pytest.raises(ConfigError, match="outcome estimator"):
-        PPOConfig(advantage="reinforce_pp", answer_credit="answer")
+        with_values(PPOConfig, {"algorithm.advantage": "reinforce_pp", "algorithm.answer_credit": "answer"})
     with pytest.raises(TypeError, match="group_ids"):
         A.compute_advantages("reinforce_pp_baseline", scores=SCORES, model_mask=MASK)

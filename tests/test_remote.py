@@ -160,11 +160,12 @@ def test_evaluate_takes_a_retriever_url(server, index_dir):
 
 
 def test_training_configs_take_a_retriever_url(server):
-    from training.config import PPOConfig
+    from training.config import PPOConfig, with_values
     from training.runtime.inputs import load_retriever as ppo_retriever
     from training.sft import WarmStartConfig, warm_start_config
     from training.sft import load_retriever as sft_retriever
 
-    assert isinstance(ppo_retriever(PPOConfig(retriever=server.url)), RemoteRetriever)
+    assert isinstance(ppo_retriever(with_values(PPOConfig, {"data.retriever": server.url})), RemoteRetriever)
     assert isinstance(sft_retriever(WarmStartConfig(retriever=server.url)), RemoteRetriever)
-    assert warm_start_config(PPOConfig(retriever=server.url, env_config=None)).retriever == server.url
+    assert warm_start_config(with_values(PPOConfig,
+                                         {"data.retriever": server.url, "env_config": None})).retriever == server.url

@@ -10,7 +10,7 @@ from tiny_models import tiny_llama, tiny_tokenizer
 from envs.protocol import judge_token_ids
 from inference.backends.hf import HFBackend
 from methods.llm import GenerationRequest
-from training.config import ConfigError, LoraSettings, PPOConfig
+from training.config import ConfigError, LoraSettings, PPOConfig, dotted_keys, with_values
 from training.models.policy_models import PolicyModel, sequence_logprobs, wrap_models
 from training.rollouts.rollout_engine import MergedLoraHFBackend, build_rollout_backend
 from training.rollouts.rollout_generation import TurnGenerator, eos_logprobs
@@ -176,7 +176,7 @@ def test_eos_logprobs_follow_the_sampled_mode(lm, tokenizer):
 def cfg_at(tmp_path, **overrides) -> PPOConfig:
     values = dict(output_dir=str(tmp_path), temperature=TAU, lora=LoraSettings(r=4, alpha=8), export=False)
     values.update(overrides)
-    return PPOConfig(**values)
+    return with_values(PPOConfig, dotted_keys(values))
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -225,7 +225,7 @@ def test_rollout_engine_at_temperature_one_matches_the_raw_backend(lm, tokenizer
 ])
 def test_config_refuses_logprobs_that_are_not_pi_old(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        PPOConfig(**overrides)
+        with_values(PPOConfig, dotted_keys(overrides))
 
 
 def test_config_accepts_the_consistent_neighbours_of_what_it_refuses():
@@ -237,6 +237,6 @@ def test_config_accepts_the_consistent_neighbours_of_what_it_refuses():
         (dict(rollout_engine="vllm", tis="token"), dict(temperature=0.7)),  # τ = 1, top_p = 1: raw is μ
     ]
     for accepted, change in cases:
-        PPOConfig(**accepted)
+        with_values(PPOConfig, dotted_keys(accepted))
         with pytest.raises(ConfigError):
-            PPOConfig(**{**accepted, **change})
+            with_values(PPOConfig, dotted_keys({**accepted, **change}))

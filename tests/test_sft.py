@@ -321,11 +321,14 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     examples = [QAExample(f"w{i}", q, (a,)) for i, (q, a) in enumerate(
         [("What is the capital of France?", "Paris"), ("Which river flows through Berlin?", "Spree"),
          ("What is the capital of Japan?", "Tokyo"), ("Which river flows through Vienna?", "Danube")])]
-    from training.config import PPOConfig
+    from training.config import PPOConfig, with_values
 
-    ppo_cfg = PPOConfig(model=str(base), output_dir=str(tmp_path / "ppo"), seed=0, env={"max_searches": 2},
-                        sft={"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3,
-                             "dev_eval": True, "dev_limit": 1, "eval_max_turn_tokens": 8})
+    ppo_cfg = with_values(PPOConfig,
+                          {"model.name": str(base), "run.output_dir": str(tmp_path / "ppo"), "run.seed": 0,
+                           "env": {"max_searches": 2},
+                           "warm_start": {"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2,
+                                          "learning_rate": 1e-3,
+                             "dev_eval": True, "dev_limit": 1, "eval_max_turn_tokens": 8}})
     # warm_start collects on default questions; here the run is pointed at the four examples above.
     original = sft.load_examples
     sft.load_examples = lambda config: examples

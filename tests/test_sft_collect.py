@@ -13,7 +13,7 @@ from envs.search_env import TRUNCATION_MARK
 from envs.types import QAExample
 from tests.tiny_models import tiny_tokenizer
 from training import sft
-from training.config import ConfigError, PPOConfig, load_config
+from training.config import ConfigError, PPOConfig, load_config, with_values
 from training.sft_config import WarmStartConfig
 from training.teachers import trajectories
 from training.teachers.scripted_teacher import collect_scripted
@@ -141,11 +141,11 @@ def test_paper_ppo_recipe_requires_the_sft_checkpoint():
     with pytest.raises(ConfigError, match="configs/sft/seeds_r1_paper.yaml"):
         load_config(PPOConfig, recipe)
     cfg = load_config(PPOConfig, recipe + ["--sft_checkpoint", "runs/sft-seeds-r1-paper/model"])
-    assert cfg.require_sft_checkpoint and cfg.sft_checkpoint == "runs/sft-seeds-r1-paper/model"
-    assert not cfg.sft_warm_start
-    assert not PPOConfig().require_sft_checkpoint  # the CPU default still warm-starts itself
+    assert cfg.warm_start.require_checkpoint and cfg.model.sft_checkpoint == "runs/sft-seeds-r1-paper/model"
+    assert not cfg.warm_start.enabled
+    assert not PPOConfig().warm_start.require_checkpoint  # the CPU default still warm-starts itself
     with pytest.raises(ConfigError, match="require_sft_checkpoint"):
-        PPOConfig(require_sft_checkpoint=True)
+        with_values(PPOConfig, {"warm_start.require_checkpoint": True})
 
 
 def test_flat_lora_keys_of_old_recipes_read_into_the_lora_section():

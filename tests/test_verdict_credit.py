@@ -16,7 +16,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
 from methods.seeds import SeedsR1
 from training.algorithm.advantages import centred_reward_gaps, two_choice_advantages
-from training.config import ConfigError, PPOConfig
+from training.config import ConfigError, PPOConfig, with_values
 from training.ppo_loop.ppo_batch import episodes_to_batch
 from training.rollouts.rollout import RolloutConfig, collect_rollouts
 
@@ -125,18 +125,23 @@ def test_rollout_records_each_verdicts_gap_at_its_token(script_lm, tokenizer, re
 
 def test_verdict_credit_needs_constrained_verdicts():
     with pytest.raises(ConfigError, match="constrain_verdicts"):
-        PPOConfig(verdict_credit=1.0, constrain_verdicts=False)
+        with_values(PPOConfig, {"algorithm.verdict_credit": 1.0, "rollout.constrain_verdicts": False})
     with pytest.raises(ConfigError):
-        PPOConfig(verdict_credit=-1.0)
-    assert math.isclose(PPOConfig(verdict_credit=0.5).verdict_credit, 0.5)
+        with_values(PPOConfig, {"algorithm.verdict_credit": -1.0})
+    assert math.isclose(with_values(PPOConfig, {"algorithm.verdict_credit": 0.5}).algorithm.verdict_credit, 0.5)
     with pytest.raises(ConfigError, match="verdict_episode_credit"):
-        PPOConfig(verdict_episode_credit=-0.5)
+        with_values(PPOConfig, {"algorithm.verdict_episode_credit": -0.5})
     with pytest.raises(ConfigError, match="no advantage"):
-        PPOConfig(verdict_episode_credit=0.0)  # and verdict_credit 0: the verdicts would learn nothing
-    assert PPOConfig(verdict_episode_credit=0.0, verdict_credit=2.0).verdict_episode_credit == 0.0
+        with_values(PPOConfig,
+                    {"algorithm.verdict_episode_credit": 0.0})  # and verdict_credit 0: the verdicts would learn nothing
+    assert with_values(PPOConfig,
+                       {"algorithm.verdict_episode_credit": 0.0,
+                        "algorithm.verdict_credit": 2.0}).algorithm.verdict_episode_credit == 0.0
     with pytest.raises(ConfigError, match="verdict_credit_centred"):
-        PPOConfig(verdict_credit_centred=True)  # and verdict_credit 0: nothing to centre
-    assert PPOConfig(verdict_credit=1.0, verdict_credit_centred=True).verdict_credit_centred
+        with_values(PPOConfig, {"algorithm.verdict_credit_centred": True})  # and verdict_credit 0: nothing to centre
+    assert with_values(PPOConfig,
+                       {"algorithm.verdict_credit": 1.0,
+                        "algorithm.verdict_credit_centred": True}).algorithm.verdict_credit_centred
 
 
 def test_the_trainer_adds_the_credit_to_the_verdict_tokens_only(script_lm, tokenizer, retriever, examples,  # noqa: F811
@@ -157,12 +162,17 @@ def test_the_trainer_adds_the_credit_to_the_verdict_tokens_only(script_lm, token
                                                              generator=torch.Generator().manual_seed(0))
 
     def update(expand_form: str, credit: float, out: str, centred: bool = False) -> dict:
-        cfg = PPOConfig(output_dir=str(tmp_path / out), updates=1, questions_per_update=2, samples_per_question=4,
-                        micro_batch_size=4, max_turn_tokens=8, max_context_tokens=1024, advantage="grpo",
-                        env={"max_actions": 4, "max_searches": 1, "expand_form": expand_form}, eval_questions=0,
-                        lr_actor=1e-2, lora=LoraSettings(enabled=False), export=False, sft_warm_start=False,
-                        log_samples=0, temperature=1.0, kl_coef=0.0, verdict_credit=credit, seed=3,
-                        verdict_credit_centred=centred)
+        cfg = with_values(PPOConfig,
+                          {"run.output_dir": str(tmp_path / out), "optim.updates": 1,
+                           "rollout.questions_per_update": 2, "rollout.samples_per_question": 4,
+                           "optim.micro_batch_size": 4, "rollout.max_turn_tokens": 8,
+                           "rollout.max_context_tokens": 1024, "algorithm.advantage": "grpo",
+                           "env": {"max_actions": 4, "max_searches": 1, "expand_form": expand_form},
+                           "evaluation.eval_questions": 0, "optim.lr_actor": 1e-2,
+                           "model.lora": LoraSettings(enabled=False), "run.export": False, "warm_start.enabled": False,
+                           "run.log_samples": 0, "rollout.temperature": 1.0, "algorithm.kl_coef": 0.0,
+                           "algorithm.verdict_credit": credit, "run.seed": 3,
+                           "algorithm.verdict_credit_centred": centred})
         torch.manual_seed(0)  # the same LoRA initialisation in every run
         models = wrap_models(copy.deepcopy(undecided), tokenizer, cfg)
         stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)["history"][0]

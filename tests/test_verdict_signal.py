@@ -97,8 +97,8 @@ def test_main_writes_the_result_and_the_last_line(tmp_path, monkeypatch, capsys)
                                {"epoch": 1, "heldout_auc": 0.625, "train_auc": 0.75}]}}
     monkeypatch.setattr(verdict_signal, "load_tokenizer", lambda model: object())
     monkeypatch.setattr(verdict_signal, "load_causal_lm", lambda *a, **k: torch.nn.Linear(1, 1))
-    monkeypatch.setattr(verdict_signal, "load_retriever", lambda cfg: None)
-    monkeypatch.setattr(verdict_signal, "load_train_and_held_out", lambda cfg: ([], []))
+    monkeypatch.setattr(verdict_signal, "load_retriever", lambda data: None)
+    monkeypatch.setattr(verdict_signal, "load_train_and_held_out", lambda data, evaluation: ([], []))
     monkeypatch.setattr(verdict_signal, "measure", lambda cfg, args, *rest: result)
     assert verdict_signal.main(["--model", "m", "--out", str(tmp_path), "--", "--env.judge_question", "true"]) == 0
     saved = json.loads((tmp_path / "verdict_signal.json").read_text())

@@ -12,7 +12,6 @@ others; the last test runs ``training.ppo`` under torchrun with two ranks, each 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from itertools import pairwise
 from types import SimpleNamespace
@@ -26,7 +25,7 @@ from envs.vector_env import SearchVectorEnv
 from inference.backends.vllm_backend import hf_state_items
 from methods.seeds import SeedsR1
 from tests.tiny_models import script_weights, tiny_tokenizer
-from training.config import ConfigError, LoraSettings, PPOConfig, VLLMSettings, load_config
+from training.config import ConfigError, LoraSettings, PPOConfig, VLLMSettings, dotted_keys, load_config, with_values
 from training.models.policy_models import wrap_models
 from training.rollouts import rollout_engine
 from training.rollouts.rollout import RolloutConfig, collect_rollouts
@@ -58,7 +57,7 @@ def tiny_cfg(folder, out, **overrides) -> PPOConfig:
                   max_context_tokens=512, env={"max_actions": 3}, eval_questions=1, lr_actor=1e-2, lr_critic=1e-2,
                   lora=LoraSettings(r=4, alpha=8), export=False, sft_warm_start=False, log_samples=0)
     values.update(overrides)
-    return PPOConfig(**values)
+    return with_values(PPOConfig, dotted_keys(values))
 
 
 def llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
@@ -145,20 +144,21 @@ def test_lora_is_merged_into_a_copy_and_the_actor_is_untouched(tok, dtype):
 
 
 def test_rollout_engine_config(tmp_path):
-    assert PPOConfig().rollout_engine == "hf"
+    assert PPOConfig().rollout.rollout_engine == "hf"
     with pytest.raises(ConfigError, match="rollout_engine"):
-        PPOConfig(rollout_engine="sglang")
+        with_values(PPOConfig, {"rollout.rollout_engine": "sglang"})
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         load_config(PPOConfig, ["--vllm.gpu_memory_utilization", "1.5"])
     with pytest.raises(ConfigError, match="vllm.dtype"):
         load_config(PPOConfig, ["--vllm.dtype", "int8"])
     cfg = load_config(PPOConfig, ["--rollout_engine", "vllm", "--vllm.gpu_memory_utilization", "0.5",
                                   "--vllm.engine_kwargs.max_num_seqs", "64", "--vllm.enforce_eager"])
-    assert cfg.rollout_engine == "vllm" and cfg.vllm.gpu_memory_utilization == 0.5
-    assert cfg.vllm.engine_kwargs == {"max_num_seqs": 64} and cfg.vllm.enforce_eager is True
-    paper = load_config(PPOConfig, ["--config", "configs/ppo/seeds_r1_qwen2.5_7b.yaml", "--sft_checkpoint", "sft"])
-    assert paper.rollout_engine == "vllm" and 0 < paper.vllm.gpu_memory_utilization < 0.5
-    assert load_config(PPOConfig, ["--config", "configs/ppo/default.yaml"]).rollout_engine == "hf"
+    assert cfg.rollout.rollout_engine == "vllm" and cfg.rollout.vllm.gpu_memory_utilization == 0.5
+    assert cfg.rollout.vllm.engine_kwargs == {"max_num_seqs": 64} and cfg.rollout.vllm.enforce_eager is True
+    paper = load_config(PPOConfig,
+                        ["--config", "configs/ppo/seeds_r1_qwen2.5_7b.yaml", "--model.sft_checkpoint", "sft"])
+    assert paper.rollout.rollout_engine == "vllm" and 0 < paper.rollout.vllm.gpu_memory_utilization < 0.5
+    assert load_config(PPOConfig, ["--config", "configs/ppo/default.yaml"]).rollout.rollout_engine == "hf"
 
 
 def test_engine_options_follow_the_actor_and_the_processes(tok):
@@ -169,7 +169,7 @@ def test_engine_options_follow_the_actor_and_the_processes(tok):
     assert options["max_num_seqs"] == 8 and "distributed_executor_backend" not in options
     gpu = vllm_engine_options(cfg, actor, one_process("cuda", processes=2, rank=1))
     assert gpu["enforce_eager"] is False and gpu["distributed_executor_backend"] == "external_launcher"
-    assert gpu["seed"] == cfg.seed + 1 and gpu["gpu_memory_utilization"] == cfg.vllm.gpu_memory_utilization
+    assert gpu["seed"] == cfg.run.seed + 1 and gpu["gpu_memory_utilization"] == cfg.rollout.vllm.gpu_memory_utilization
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         vllm_engine_options(tiny_cfg("unused", "unused", vllm=VLLMSettings(tensor_parallel_size=2)), actor,
                             one_process("cuda", processes=2))
@@ -190,7 +190,7 @@ def test_hf_engine_runs_on_the_live_weights(tok):
     actor = wrap_models(llama(tok), tok, cfg).actor
     backend = build_rollout_backend(cfg, actor, tok, one_process())
     assert backend.name == "hf" and backend.model is actor.lm and backend.max_batch_size == 3
-    assert backend.max_context == cfg.max_context_tokens + 1
+    assert backend.max_context == cfg.rollout.max_context_tokens + 1
     assert sync_rollout_weights(backend, actor) == 0.0
 
 
@@ -205,7 +205,7 @@ def test_hf_engine_on_a_merged_lora_copy_follows_the_actor(tok):
     before = {n: p.detach().clone() for n, p in actor.lm.named_parameters()}
     backend = build_rollout_backend(cfg, actor, tok, one_process())
     assert backend.model is not actor.lm and not any("lora" in n for n, _ in backend.model.named_parameters())
-    live = build_rollout_backend(dataclasses.replace(cfg, rollout_merge_lora=False), actor, tok, one_process())
+    live = build_rollout_backend(with_values(cfg, {"rollout.rollout_merge_lora": False}), actor, tok, one_process())
     prompt = fixed_sequence(tok)[:60]
 
     def run(engine):

@@ -12,7 +12,7 @@ import torch
 from tests.conftest import PASSAGES, OverlapRetriever
 from tests.ppo_runs import write_tiny_run
 from training import sft
-from training.config import PPOConfig, load_config
+from training.config import PPOConfig, load_config, with_values
 from training.evaluation.policy_eval import OUTCOME_KEYS
 from training.ppo import train
 from training.ppo_loop import ppo_setup
@@ -110,16 +110,17 @@ def test_evaluation_key_ignores_only_optimisation_settings(tmp_path, retriever, 
     folder = tmp_path / "weights"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"weights")
-    base = PPOConfig(model="m", env_config=None)
+    base = with_values(PPOConfig, {"model.name": "m", "env_config": None})
 
     def key(cfg, content=b"weights", search=retriever):
         (folder / "model.safetensors").write_bytes(content)
-        return warm_start_cache.evaluation_key(cfg, sft.load_env_config(cfg), folder, examples, search)
+        return warm_start_cache.evaluation_key(cfg, cfg.env, folder, examples, search)
 
     reference = key(base)
-    assert key(dataclasses.replace(base, lr_actor=0.5, updates=99, output_dir="elsewhere")) == reference
-    assert key(dataclasses.replace(base, eval_seed=7)) != reference
-    assert key(dataclasses.replace(base, env={"max_actions": 2})) != reference
+    assert key(with_values(base,
+                           {"optim.lr_actor": 0.5, "optim.updates": 99, "run.output_dir": "elsewhere"})) == reference
+    assert key(with_values(base, {"evaluation.eval_seed": 7})) != reference
+    assert key(with_values(base, {"env": {"max_actions": 2}})) != reference
     assert key(base, content=b"other weights") != reference
     assert key(base, search=OverlapRetriever(PASSAGES[:-1])) != reference  # the index lost a passage
     assert key(base, search=OverlapRetriever(PASSAGES)) == reference
@@ -164,7 +165,7 @@ def test_warm_start_key_follows_the_base_models_files(tmp_path):
     config = sft.WarmStartConfig(model=str(base), output_dir=str(tmp_path / "a"))
     records = [{"id": "q", "segments": []}]
     first = warm_start_cache.warm_start_key(config, records, [])
-    assert warm_start_cache.warm_start_key(dataclasses.replace(config, output_dir="b"), records, []) == first
+    assert warm_start_cache.warm_start_key(with_values(config, {"run.output_dir": "b"}), records, []) == first
     assert warm_start_cache.warm_start_key(config, records + records, []) != first
     (base / "model.safetensors").write_bytes(b"two")  # the same path, other weights
     assert warm_start_cache.warm_start_key(config, records, []) != first

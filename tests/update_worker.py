@@ -57,14 +57,19 @@ def make_episodes(tokenizer, yes_no: tuple[int, int]) -> list[list]:
 
 
 def default_shape_config():
-    from training.config import LoraSettings, PPOConfig
+    from training.config import LoraSettings, PPOConfig, with_values
 
-    return PPOConfig(model="tiny", sft_warm_start=False, lora=LoraSettings(r=4, alpha=8, top_layers=1),
-                     cache_frozen_layers=True, advantage="grpo", loss_agg="seq_mean_token_mean", kl_coef=1.0,
-                     kl_mode="loss", kl_estimator="k3", kl_tokens="verdicts", old_logprobs="sampler",
-                     verdict_credit=2.0, micro_batch_size=8, micro_batch_tokens=96, mini_batches=1, ppo_epochs=1,
-                     clip_low=0.2, clip_high=0.28, entropy_coef=0.01, questions_per_update=QUESTIONS,
-                     samples_per_question=SAMPLES, eval_questions=0, export=False)
+    return with_values(PPOConfig,
+                       {"model.name": "tiny", "warm_start.enabled": False,
+                        "model.lora": LoraSettings(r=4, alpha=8, top_layers=1), "model.cache_frozen_layers": True,
+                        "algorithm.advantage": "grpo", "algorithm.loss_agg": "seq_mean_token_mean",
+                        "algorithm.kl_coef": 1.0, "algorithm.kl_mode": "loss", "algorithm.kl_estimator": "k3",
+                        "algorithm.kl_tokens": "verdicts", "algorithm.old_logprobs": "sampler",
+                        "algorithm.verdict_credit": 2.0, "optim.micro_batch_size": 8, "optim.micro_batch_tokens": 96,
+                        "optim.mini_batches": 1, "optim.ppo_epochs": 1, "algorithm.clip_low": 0.2,
+                        "algorithm.clip_high": 0.28, "algorithm.entropy_coef": 0.01,
+                        "rollout.questions_per_update": QUESTIONS, "rollout.samples_per_question": SAMPLES,
+                        "evaluation.eval_questions": 0, "run.export": False})
 
 
 def main(out: str) -> int:

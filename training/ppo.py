@@ -104,29 +104,30 @@ DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
 def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, mb: dict[str, torch.Tensor],
                     n_tokens: torch.Tensor, n_sequences: torch.Tensor, kl_coef: float | None = None
                     ) -> tuple[torch.Tensor, float, float, dict]:
-    """One micro-batch's share of the actor's loss, aggregated by ``cfg.loss_agg``
+    """One micro-batch's share of the actor's loss, aggregated by ``cfg.algorithm.loss_agg``
     (:func:`training.algorithm.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
 
-    Per model token: the clipped surrogate of ``cfg.policy_loss`` (PPO's per-token ratio, or GSPO's
+    Per model token: the clipped surrogate of ``cfg.algorithm.policy_loss`` (PPO's per-token ratio, or GSPO's
     sequence ratio) times the importance weight with ``tis``, − entropy_coef·H_t (+ β·KL_t with
     ``kl_mode: loss``, at verdict tokens only with ``kl_tokens: verdicts``; β = ``kl_coef``, the KL
-    controller's current value, default ``cfg.kl_coef``). logp, entropy: (B, T).
+    controller's current value, default ``cfg.algorithm.kl_coef``). logp, entropy: (B, T).
     """
     mask = mb["model_mask"]
-    if cfg.policy_loss == "gspo":
-        surrogate, stats = gspo_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low, cfg.clip_high)
+    if cfg.algorithm.policy_loss == "gspo":
+        surrogate, stats = gspo_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.algorithm.clip_low,
+                                           cfg.algorithm.clip_high)
     else:
-        surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.clip_low,
-                                             cfg.clip_high, cfg.dual_clip)
+        surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.algorithm.clip_low,
+                                             cfg.algorithm.clip_high, cfg.algorithm.dual_clip)
     if "is_weight" in mb:
         surrogate = surrogate * mb["is_weight"]
-    per_token = surrogate - cfg.entropy_coef * entropy
-    if cfg.kl_mode == "loss":
-        kl = kl_penalty(logp, mb["ref_logp"], cfg.kl_estimator)
-        beta = cfg.kl_coef if kl_coef is None else kl_coef
-        per_token = per_token + beta * (kl * mb["choice_mask"] if cfg.kl_tokens == "verdicts" else kl)
-    norm = float(cfg.loss_agg_norm_tokens or cfg.max_context_tokens)
-    loss = aggregate_loss(per_token, mask, cfg.loss_agg, n_tokens, n_sequences, norm)
+    per_token = surrogate - cfg.algorithm.entropy_coef * entropy
+    if cfg.algorithm.kl_mode == "loss":
+        kl = kl_penalty(logp, mb["ref_logp"], cfg.algorithm.kl_estimator)
+        beta = cfg.algorithm.kl_coef if kl_coef is None else kl_coef
+        per_token = per_token + beta * (kl * mb["choice_mask"] if cfg.algorithm.kl_tokens == "verdicts" else kl)
+    norm = float(cfg.algorithm.loss_agg_norm_tokens or cfg.rollout.max_context_tokens)
+    loss = aggregate_loss(per_token, mask, cfg.algorithm.loss_agg, n_tokens, n_sequences, norm)
     return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats
 
 
@@ -138,33 +139,36 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
     (episodes, DAPO dynamic-sampling stats, weight-sync seconds)."""
     cfg, rank, n = run.cfg, run.accelerator.process_index, run.local_questions
     shard = questions[rank * n:(rank + 1) * n]
-    venv = SearchVectorEnv(run.retriever, num_envs=min(cfg.num_envs, len(shard) * cfg.samples_per_question),
+    venv = SearchVectorEnv(run.retriever,
+                           num_envs=min(cfg.rollout.num_envs, len(shard) * cfg.rollout.samples_per_question),
                            config=run.env_config, tokenizer=run.models.tokenizer)
-    rollout_cfg = RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
-                                temperature=cfg.temperature, top_p=cfg.top_p,
-                                samples_per_question=cfg.samples_per_question,
-                                seed=(cfg.seed * 100_003 + update) * 1_009 + rank,
-                                constrain_verdicts=cfg.constrain_verdicts,
+    rollout_cfg = RolloutConfig(max_turn_tokens=cfg.rollout.max_turn_tokens,
+                                max_context_tokens=cfg.rollout.max_context_tokens,
+                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                samples_per_question=cfg.rollout.samples_per_question,
+                                seed=(cfg.run.seed * 100_003 + update) * 1_009 + rank,
+                                constrain_verdicts=cfg.rollout.constrain_verdicts,
                                 # the HF rollout keeps the trainer's frozen-layer states (rollouts/rollout_states.py)
-                                record_states_after=run.frozen_depth if cfg.reuse_rollout_states else 0)
+                                record_states_after=run.frozen_depth if cfg.rollout.reuse_rollout_states else 0)
     t_sync = sync_rollout_weights(run.backend, run.policy)  # vLLM: the actor's current weights; hf: nothing to do
     episodes = collect_rollouts(run.backend, venv, shard, rollout_cfg, run.prompt_fn,
                                 progress="rollout" if run.accelerator.is_local_main_process else None)
-    if not cfg.dynamic_sampling:
+    if not cfg.algorithm.dynamic_sampling:
         return episodes, {}, t_sync
 
     def draw(round_: int) -> list:  # DAPO: more questions from the extra stream, to replace equal-reward groups
         assert rollout_cfg.seed is not None  # set above
-        position = (update * cfg.dynamic_sampling_max_rounds + round_ - 1) * cfg.questions_per_update
-        extra = next_questions(run.examples, position, cfg.questions_per_update, cfg.seed + EXTRA_STREAM_SEED)
+        position = (update * cfg.algorithm.dynamic_sampling_max_rounds + round_ - 1) * cfg.rollout.questions_per_update
+        extra = next_questions(run.examples, position, cfg.rollout.questions_per_update,
+                               cfg.run.seed + EXTRA_STREAM_SEED)
         return collect_rollouts(run.backend, venv, extra[rank * n:(rank + 1) * n],
                                 dataclasses.replace(rollout_cfg, seed=rollout_cfg.seed + 7_000_003 * round_),
                                 run.prompt_fn)
 
     episodes, sampling_stats = dynamic_sample(
-        episodes, draw, n, cfg.dynamic_sampling_max_rounds,
-        reward_of=lambda e: shaped_reward(e, cfg.overlong_max_tokens, cfg.overlong_buffer),
-        own_signal=has_verdict_signal if cfg.verdict_credit > 0 else lambda e: False)
+        episodes, draw, n, cfg.algorithm.dynamic_sampling_max_rounds,
+        reward_of=lambda e: shaped_reward(e, cfg.algorithm.overlong_max_tokens, cfg.algorithm.overlong_buffer),
+        own_signal=has_verdict_signal if cfg.algorithm.verdict_credit > 0 else lambda e: False)
     return episodes, sampling_stats, t_sync
 
 
@@ -180,8 +184,8 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
         if run.critic is not None:
             stack.enter_context(accumulating(accelerator, run.critic, last))
             new_values = sequence_values(run.critic, mb["input_ids"], mb["attention_mask"])
-            v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, cfg.value_clip)
-            losses.append((run.critic, cfg.vf_coef * v_sum * W / n_tokens))
+            v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, cfg.algorithm.value_clip)
+            losses.append((run.critic, cfg.algorithm.vf_coef * v_sum * W / n_tokens))
             sums["value_loss"] += float(v_sum.detach())
             sums["value_clip_frac"] += float(v_stats["clip_frac"]) * float(m.sum())
         if train_actor:
@@ -211,18 +215,18 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
     grad_norms: dict[str, list[float]] = {"actor": [], "critic": []}
     gap = [0.0, 0.0]  # |sampler − trainer| log-prob sum and token count, before the first actor step
     kl_steps, stopped = [], False  # each mini-batch's KL sums (training/algorithm/kl_stop.py: target_kl)
-    shuffle = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
+    shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + update)
     lengths = batch["attention_mask"].sum(-1)
-    for epoch in range(cfg.ppo_epochs):
+    for epoch in range(cfg.optim.ppo_epochs):
         order = torch.randperm(mask.shape[0], generator=shuffle).to(accelerator.device)
-        for mini_index, mini in enumerate(order.tensor_split(cfg.mini_batches)):
+        for mini_index, mini in enumerate(order.tensor_split(cfg.optim.mini_batches)):
             if stopped:
                 break
             mini_kl = torch.zeros(4, device=mask.device)
             mini = mini[lengths[mini].argsort(stable=True)]  # micro-batches of similar lengths: less padding to run
             n_tokens = global_token_count(mask[mini], accelerator)
             n_sequences = global_sequence_count(mask[mini], accelerator)
-            micro = micro_batches(mini, lengths[mini], cfg.micro_batch_size, cfg.micro_batch_tokens)
+            micro = micro_batches(mini, lengths[mini], cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens)
             for k, rows in enumerate(micro):
                 mb = select(batch, rows)
                 logp = micro_step(run, mb, n_tokens, n_sequences, k == len(micro) - 1, train_actor, sums)
@@ -234,10 +238,10 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
             for name, model in (("critic", run.critic), ("actor", run.actor if train_actor else None)):
                 if model is not None:
                     grad_norms[name].append(optimizer_step(accelerator, model, run.optimizers[name],
-                                                           run.schedulers[name], cfg.max_grad_norm))
+                                                           run.schedulers[name], cfg.optim.max_grad_norm))
             mini_kl = global_kl_sums(mini_kl, accelerator)
             kl_steps.append(mini_kl)
-            stopped = train_actor and exceeds_target_kl(mini_kl, cfg.target_kl)  # this step taken, no more
+            stopped = train_actor and exceeds_target_kl(mini_kl, cfg.optim.target_kl)  # this step taken, no more
     return {"sums": sums, "grad_norms": grad_norms, "gap": gap, "kl_steps": kl_steps, "kl_stopped": stopped}
 
 
@@ -253,7 +257,8 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
     tokens = max(sums["tokens"], 1.0)
     actor_mean = (lambda key: sums[key] / tokens) if train_actor else (lambda key: math.nan)
     critic_mean = (lambda key: sums[key] / tokens) if run.critic is not None else (lambda key: math.nan)
-    with_reference, recompute, tis = run.cfg.kl_coef > 0, run.cfg.old_logprobs == "recompute", extras["tis"]
+    algo = run.cfg.algorithm
+    with_reference, recompute, tis = algo.kl_coef > 0, algo.old_logprobs == "recompute", extras["tis"]
     stats = {k: v for k, v in rollout_stats(episodes).items() if k in ROLLOUT_KEYS}
     stats.update({
         "kl": float(masked_mean(batch["old_logp"] - batch["ref_logp"], kl_scope)) if with_reference else math.nan,
@@ -271,7 +276,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         "advantage_mean": float(masked_mean(batch["advantages"], mask)),
         "tis_weight_mean": float(tis["weight_mean"]) if tis else math.nan,
         **{f"dynamic_{k}": v for k, v in extras.get("dynamic", {}).items()},
-        "overlong_penalty_mean": float(extras["overlong"].mean()) if run.cfg.overlong_buffer > 0 else math.nan,
+        "overlong_penalty_mean": float(extras["overlong"].mean()) if algo.overlong_buffer > 0 else math.nan,
         "tis_clipped_frac": float(tis["clipped_frac"]) if tis else math.nan,
         "grad_norm_actor": _mean(trained["grad_norms"]["actor"]) if trained["grad_norms"]["actor"] else 0.0,
         "grad_norm_critic": _mean(trained["grad_norms"]["critic"]),
@@ -316,13 +321,13 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                              if "cached_from" in eval_start else ""))
 
     history = []
-    bar = tqdm(range(start_update, cfg.updates), initial=start_update, total=cfg.updates, desc="ppo",
+    bar = tqdm(range(start_update, cfg.optim.updates), initial=start_update, total=cfg.optim.updates, desc="ppo",
                disable=not accelerator.is_local_main_process)
     for update in bar:
         t0 = time.perf_counter()
-        train_actor = update >= cfg.critic_warmup_updates or run.critic is None
-        questions = next_questions(run.examples, data_position, cfg.questions_per_update, cfg.seed)
-        data_position += cfg.questions_per_update
+        train_actor = update >= cfg.optim.critic_warmup_updates or run.critic is None
+        questions = next_questions(run.examples, data_position, cfg.rollout.questions_per_update, cfg.run.seed)
+        data_position += cfg.rollout.questions_per_update
         episodes, sampling_stats, t_sync = collect(run, questions, update)
         t_rollout = time.perf_counter() - t0
         batch, extras = score(run, episodes, train_actor)
@@ -335,24 +340,25 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
                 stats.update(periodic_stats(evaluate(run)[0]))
         history.append(stats)
         # kl_target: β moves toward the target by this update's KL, over its questions × samples episodes
-        run.kl_controller.update(stats["kl_estimate"], cfg.questions_per_update * cfg.samples_per_question)
+        run.kl_controller.update(stats["kl_estimate"],
+                                 cfg.rollout.questions_per_update * cfg.rollout.samples_per_question)
         accelerator.log(stats, step=update + 1)
         if accelerator.is_main_process:
-            bar.write(f"update {update + 1}/{cfg.updates}{' (critic only)' if not train_actor else ''} "
+            bar.write(f"update {update + 1}/{cfg.optim.updates}{' (critic only)' if not train_actor else ''} "
                       f"{format_update_stats(stats)}")
             bar.set_postfix_str(format_update_stats({k: stats[k] for k in ("reward_mean", "em", "kl") if k in stats}))
             write_update_logs(run.out, stats, episodes, run.models.tokenizer, cfg, accelerator, bar.write)
-        if (update + 1) % cfg.save_every == 0 or update + 1 == cfg.updates:
+        if (update + 1) % cfg.run.save_every == 0 or update + 1 == cfg.optim.updates:
             save_checkpoint(run.out, update + 1, actor=run.policy, critic=run.value_model, optimizers=run.optimizers,
-                            schedulers=run.schedulers, state={"data_position": data_position, "seed": cfg.seed,
+                            schedulers=run.schedulers, state={"data_position": data_position, "seed": cfg.run.seed,
                                                               "kl_coef": run.kl_controller.value},
-                            keep=cfg.keep_checkpoints, accelerator=accelerator)
-        if cfg.export and cfg.export_update == update + 1 and accelerator.is_main_process:
+                            keep=cfg.run.keep_checkpoints, accelerator=accelerator)
+        if cfg.run.export and cfg.run.export_update == update + 1 and accelerator.is_main_process:
             folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
             bar.write(f"[ppo] exported the policy after update {update + 1} (export_update) to {folder}")
     bar.close()
     report = finish(run, eval_start, outcomes_start)
-    return {"update": max(cfg.updates, start_update), "data_position": data_position, "eval_start": eval_start,
+    return {"update": max(cfg.optim.updates, start_update), "data_position": data_position, "eval_start": eval_start,
             "eval_end": report["after"] if report else None, "comparison": report["comparison"] if report else None,
             "history": history, "models": run.models}
 
@@ -366,8 +372,8 @@ def finish(run: Run, eval_start: dict | None, outcomes_start: dict | None) -> di
         assert eval_start is not None and outcomes_start is not None  # train evaluated before PPO
         eval_end, outcomes_end = evaluate(run)
         report = report_before_after(accelerator, run.out, eval_start, eval_end, outcomes_start, outcomes_end,
-                                     cfg.seed, questions=[e.question for e in run.eval_examples])
-    if cfg.export and cfg.export_update is None and accelerator.is_main_process:
+                                     cfg.run.seed, questions=[e.question for e in run.eval_examples])
+    if cfg.run.export and cfg.run.export_update is None and accelerator.is_main_process:
         folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
         accelerator.print(f"[ppo] exported the policy to {folder} "
                           f"(python -m inference.evaluate --method seeds-r1 --llm hf:{folder} ...)")

@@ -33,7 +33,6 @@ from envs.rewards import RewardConfig
 from envs.typed_config import ConfigError, load_config
 from training.config import PPOConfig
 from training.evaluation.policy_eval import compare_runs, result_line
-from training.runtime.inputs import load_env_config
 from training.seed_spread import RunFolderError, read_run
 
 
@@ -45,7 +44,7 @@ def run_reward_config(folder: Path) -> tuple[RewardConfig, int]:
         raise RunFolderError(f"{path}: no config.yaml (not a training.ppo run folder)")
     try:
         cfg = load_config(PPOConfig, ["--config", str(path)])
-        return load_env_config(cfg).reward, cfg.seed
+        return cfg.env.reward, cfg.run.seed
     except (ConfigError, TypeError, ValueError) as error:
         raise RunFolderError(f"{path}: not a PPO config this version reads ({error})") from error
 

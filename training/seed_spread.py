@@ -37,6 +37,8 @@ import yaml
 
 from envs.atomic import write_json_atomic
 from envs.bootstrap import bootstrap_interval, mean_of, multi_run_paired_bootstrap
+from envs.typed_config import upgrade
+from training.config import PPOConfig
 from training.evaluation.policy_eval import (
     CORE_OUTCOME_KEYS,
     OPTIONAL_OUTCOME_KEYS,
@@ -68,7 +70,9 @@ def read_run(folder: Path) -> dict[str, dict[str, np.ndarray]]:
         raise RunFolderError(f"{path}: not an eval.json with per-question outcomes ({error!r})") from error
 
 
-EVAL_SET_KEYS = ("data", "eval_data", "eval_questions", "eval_seed", "question_seed", "train_questions")
+# the PPOConfig fields that choose the held-out questions (dotted; an old run folder's flat keys are read as these)
+EVAL_SET_KEYS = ("data.train_data", "evaluation.eval_data", "evaluation.eval_questions", "evaluation.eval_seed",
+                 "data.question_seed", "data.train_questions")
 
 
 def eval_digests(folder: Path) -> list[str] | None:
@@ -87,7 +91,10 @@ def eval_settings(folder: Path) -> dict | None:
         config = yaml.safe_load(path.read_text()) if path.is_file() else None
     except yaml.YAMLError as error:
         raise RunFolderError(f"{path}: not YAML ({error})") from error
-    return {key: config.get(key) for key in EVAL_SET_KEYS} if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    config = upgrade(PPOConfig, config)
+    return {key: (config.get(key.partition(".")[0]) or {}).get(key.partition(".")[2]) for key in EVAL_SET_KEYS}
 
 
 def check_same_eval_questions(folders: list[Path]) -> None:

@@ -62,8 +62,7 @@ from envs.typed_config import merge_values
 from envs.types import QAExample
 from inference.models import load_tokenizer
 from training.config import ConfigError, PPOConfig, help_text, load_config
-from training.runtime.inputs import load_env_config
-from training.sft_config import WarmStartConfig, nest_flat_lora_keys
+from training.sft_config import WarmStartConfig
 from training.teachers.trajectories import acceptance, split_train_dev
 from training.warm_start import warm_start_cache
 from training.warm_start.sft_collect import (
@@ -149,34 +148,24 @@ def run(config: WarmStartConfig, collect_only: bool = False, retriever: Any = No
 
 # ================================================================================ PPO entry
 
-# The quick warm start the PPO trainer runs when it is given no SFT checkpoint: LoRA (merged) when PPO uses LoRA,
-# random expansions (the protocol is taught, the choice of candidates is left to PPO), no dev
-# evaluation (the PPO trainer evaluates before and after). Sized for the 20-minute CPU default.
-PPO_WARM_START = {
-    "num_questions": 32, "teacher": "scripted", "teacher_expand": "random", "teacher_random_expand": 2,
-    "merge_lora": True, "epochs": 2,
-    "learning_rate": 2e-4, "batch_size": 4, "warmup_ratio": 0.1, "max_length": 2048, "dev_eval": False,
-    "eval_before": False,
-}
-
-
 def warm_start_config(ppo_cfg: PPOConfig) -> WarmStartConfig:
     """The :class:`WarmStartConfig` of a PPO run's automatic warm start.
 
-    From the PPO config: ``model``, ``dtype``, ``seed``, ``index``, ``corpus``, the env (``env_config``
-    recipe plus ``env`` overrides, resolved by :func:`training.runtime.inputs.load_env_config`), the ``lora``
-    section itself (a LoRA PPO run gets a LoRA warm start on the same layers, merged; a full one a
-    full fine-tune), and ``output_dir`` (the warm start goes into ``<output_dir>/sft``). On top of
-    :data:`PPO_WARM_START`, ``ppo_cfg.sft`` overrides any field (``--sft.epochs 1``, ``--sft.lora.r 8``).
+    From the PPO config's sections: ``model.name``, ``model.dtype``, ``model.cache_frozen_layers``,
+    ``run.seed``, ``data.index``, ``data.corpus``, ``data.retriever``, ``env`` (resolved), the
+    ``model.lora`` section itself (a LoRA PPO run gets a LoRA warm start on the same layers, merged;
+    a full one a full fine-tune; ``warm_start.lora`` overrides its keys), and ``run.output_dir`` (the
+    warm start goes into ``<output_dir>/sft``); every other field from the ``warm_start`` section
+    (defaults: the quick CPU warm start's; ``--warm_start.epochs 1``).
     """
-    values = dict(PPO_WARM_START)
-    values.update(model=str(ppo_cfg.model), dtype=str(ppo_cfg.dtype), seed=int(ppo_cfg.seed), index=ppo_cfg.index,
-                  corpus=ppo_cfg.corpus, retriever=ppo_cfg.retriever, cache_frozen_layers=ppo_cfg.cache_frozen_layers,
-                  output_dir=str(Path(ppo_cfg.output_dir) / "sft"),
-                  env=dataclasses.asdict(load_env_config(ppo_cfg)),
-                  lora=dataclasses.asdict(ppo_cfg.lora))
-    overrides = nest_flat_lora_keys(dict(ppo_cfg.sft or {}))
-    return WarmStartConfig.from_dict(merge_values(values, overrides))
+    warm = ppo_cfg.warm_start
+    values = dict(warm.warm_start_fields())
+    values.update(model=str(ppo_cfg.model.name), dtype=str(ppo_cfg.model.dtype), seed=int(ppo_cfg.run.seed),
+                  index=ppo_cfg.data.index, corpus=ppo_cfg.data.corpus, retriever=ppo_cfg.data.retriever,
+                  cache_frozen_layers=ppo_cfg.model.cache_frozen_layers,
+                  output_dir=str(Path(ppo_cfg.run.output_dir) / "sft"), env=dataclasses.asdict(ppo_cfg.env),
+                  lora=merge_values(dataclasses.asdict(ppo_cfg.model.lora), warm.lora))
+    return WarmStartConfig.from_dict(values)
 
 
 def warm_start(ppo_cfg: PPOConfig, retriever: Any = None, model: Any = None, tokenizer: Any = None,
@@ -191,7 +180,7 @@ def warm_start(ppo_cfg: PPOConfig, retriever: Any = None, model: Any = None, tok
     if examples is not None and config.num_questions:
         examples = list(examples)[:config.num_questions]
     result = run(config, retriever=retriever, model=model, tokenizer=tokenizer, examples=examples,
-                 cache=ppo_cfg.cache_warm_start and warm_start_cache.usable())
+                 cache=ppo_cfg.warm_start.cache and warm_start_cache.usable())
     return result["model_dir"]
 
 

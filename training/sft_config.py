@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs import typed_config
 from envs.config import EnvConfig
-from training.config import LoraSettings, check_env_overrides
+from training.config_sections import (  # noqa: F401  (nest_flat_lora_keys re-exported)
+    LoraSettings,
+    check_env_overrides,
+    nest_flat_lora_keys,
+)
 from training.teachers.scripted_teacher import ScriptedTeacherConfig
 from training.teachers.trajectories import VERDICT_LABELS
 
 PAPER_RECIPE = "configs/sft/seeds_r1_paper.yaml"
-SFT_LOSS_AGGS = ("token_mean", "turn_mean")  # training.sft_trainer.model_token_nll
+SFT_LOSS_AGGS = ("token_mean", "turn_mean")  # training.warm_start.sft_trainer.model_token_nll
 
 
 @dataclass
@@ -149,21 +152,3 @@ class WarmStartConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-FLAT_LORA_KEYS = {"lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout",
-                  "lora_target_modules": "target_modules", "lora_top_layers": "top_layers"}
-
-
-def nest_flat_lora_keys(values: dict) -> dict:
-    """``{"lora": true, "lora_r": 8}`` -> ``{"lora": {"enabled": true, "r": 8}}`` (the old flat form)."""
-    flat = {key: values.pop(key) for key in list(values) if key in FLAT_LORA_KEYS}
-    if not flat and not isinstance(values.get("lora"), bool):
-        return values
-    warnings.warn("flat LoRA keys (lora: true, lora_r, lora_alpha, ...) are now the `lora:` section "
-                  "(lora: {enabled: true, r: 8}); the flat form goes in the next release",
-                  DeprecationWarning, stacklevel=3)
-    section = values.get("lora")
-    section = {"enabled": section} if isinstance(section, bool) else dict(section or {})
-    section.update({FLAT_LORA_KEYS[key]: value for key, value in flat.items()})
-    return {**values, "lora": section}

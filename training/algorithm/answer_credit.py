@@ -63,5 +63,5 @@ def with_answer_credit(cfg, advantages: torch.Tensor, batch: dict[str, torch.Ten
     E = episodes
     out = advantages.clone()
     out[:E] = answer_turn_advantages(advantages[:E], batch["answer_mask"][:E] * mask[:E], batch["answer_reward"][:E],
-                                     batch["group_id"][:E], cfg.advantage, cfg.grpo_std_normalize)
+                                     batch["group_id"][:E], cfg.algorithm.advantage, cfg.algorithm.grpo_std_normalize)
     return out

@@ -60,12 +60,12 @@ class AdaptiveKLController:
 
 def build_kl_controller(cfg: Any) -> FixedKLController | AdaptiveKLController:
     """The controller ``cfg`` (a :class:`training.config.PPOConfig`) asks for: adaptive with ``kl_target``."""
-    if cfg.kl_target is None:
-        return FixedKLController(cfg.kl_coef)
-    return AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+    if cfg.algorithm.kl_target is None:
+        return FixedKLController(cfg.algorithm.kl_coef)
+    return AdaptiveKLController(cfg.algorithm.kl_coef, cfg.algorithm.kl_target, cfg.algorithm.kl_horizon)
 
 
 def current_kl_coef(run: Any) -> float:
-    """β for this update: the run's controller's value, or ``run.cfg.kl_coef`` where it has none."""
+    """β for this update: the run's controller's value, or ``run.cfg.algorithm.kl_coef`` where it has none."""
     controller = getattr(run, "kl_controller", None)
-    return run.cfg.kl_coef if controller is None else controller.value
+    return run.cfg.algorithm.kl_coef if controller is None else controller.value

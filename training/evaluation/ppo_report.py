@@ -35,9 +35,9 @@ PERIODIC_EVAL_KEYS = ("reward_mean", "em", "selection_precision", "open_rate_pos
 
 def greedy_rollout_config(cfg: PPOConfig) -> RolloutConfig:
     """How the trainer evaluates: greedy, one episode per question, the run's turn and context limits."""
-    return RolloutConfig(max_turn_tokens=cfg.max_turn_tokens, max_context_tokens=cfg.max_context_tokens,
-                         temperature=0.0, samples_per_question=1, seed=cfg.seed,
-                         constrain_verdicts=cfg.constrain_verdicts)
+    return RolloutConfig(max_turn_tokens=cfg.rollout.max_turn_tokens, max_context_tokens=cfg.rollout.max_context_tokens,
+                         temperature=0.0, samples_per_question=1, seed=cfg.run.seed,
+                         constrain_verdicts=cfg.rollout.constrain_verdicts)
 
 
 def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn,
@@ -49,7 +49,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     stats = {k: 0.0 for k in ROLLOUT_KEYS + ANSWER_SHARE_KEYS}
     episodes = []
     if shard:
-        venv = SearchVectorEnv(retriever, num_envs=min(cfg.num_envs, len(shard)), config=env_config,
+        venv = SearchVectorEnv(retriever, num_envs=min(cfg.rollout.num_envs, len(shard)), config=env_config,
                                tokenizer=tokenizer)
         episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(cfg), prompt_fn,
                                     progress="eval" if accelerator.is_local_main_process else None)
@@ -77,7 +77,8 @@ def sampled_verdict_auc(episodes: list, tokenizer) -> float:
 def periodic_evaluation_due(cfg: PPOConfig, update: int) -> bool:
     """Whether update ``update`` (0-based) ends with a greedy held-out evaluation (``eval_every``); the
     last update never does: the evaluation after PPO is that one."""
-    return cfg.eval_every > 0 and (update + 1) % cfg.eval_every == 0 and update + 1 < cfg.updates
+    every = cfg.evaluation.eval_every
+    return every > 0 and (update + 1) % every == 0 and update + 1 < cfg.optim.updates
 
 
 def periodic_stats(stats: dict) -> dict[str, float]:
@@ -173,10 +174,10 @@ def write_update_logs(out: Path, stats: dict, episodes: list, tokenizer, cfg: PP
         handle.write(json.dumps(stats) + "\n")
     samples = []
     with open(out / "samples.jsonl", "a", encoding="utf-8") as handle:
-        for e in episodes[:cfg.log_samples]:
+        for e in episodes[:cfg.run.log_samples]:
             sample = sample_record(e, update, tokenizer)
             samples.append(sample)
             handle.write(json.dumps(sample, ensure_ascii=False) + "\n")
             write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): {sample['text'][-400:]!r}")
-    if cfg.report_to == "wandb" and samples:
+    if cfg.run.report_to == "wandb" and samples:
         log_sample_table(accelerator, samples, step=update)

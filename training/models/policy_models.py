@@ -179,24 +179,25 @@ def lora_config(settings: LoraSettings, task_type: str | None, num_layers: int) 
 
 def uses_critic(cfg: PPOConfig) -> bool:
     """Only GAE needs a learned value; the others (grpo, rloo, reinforce, reinforce_pp) run without a critic."""
-    return cfg.advantage == "gae"
+    return cfg.algorithm.advantage == "gae"
 
 
 def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
     """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base).
-    The actor and the reference score tokens under ``softmax(z / cfg.temperature)``, the rollout's."""
+    The actor and the reference score tokens under ``softmax(z / cfg.rollout.temperature)``, the rollout's."""
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
     hidden_size = lm.config.get_text_config().hidden_size
     num_layers = lm.config.get_text_config().num_hidden_layers
     critic = None
     if uses_critic(cfg):
         backbone = copy.deepcopy(decoder_of(lm))  # the critic's own copy, same initial weights
-        if cfg.lora.enabled and cfg.lora.critic:
-            backbone = get_peft_model(backbone, lora_config(cfg.lora, None, num_layers))
+        if cfg.model.lora.enabled and cfg.model.lora.critic:
+            backbone = get_peft_model(backbone, lora_config(cfg.model.lora, None, num_layers))
         critic = ValueHead(backbone, hidden_size)
-    if cfg.lora.enabled:
-        actor = PolicyModel(get_peft_model(lm, lora_config(cfg.lora, "CAUSAL_LM", num_layers)), cfg.logprob_chunk,
-                            cfg.temperature)
+    if cfg.model.lora.enabled:
+        actor = PolicyModel(get_peft_model(lm, lora_config(cfg.model.lora, "CAUSAL_LM", num_layers)),
+                            cfg.model.logprob_chunk,
+                            cfg.rollout.temperature)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
                                prefix=None, prefix_depth=0):  # the frozen bottom has no adapter: its cache serves both
@@ -206,7 +207,7 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
                                          prefix_depth=prefix_depth, temperature=actor.temperature)[0]
     else:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False)
-        actor = PolicyModel(lm, cfg.logprob_chunk, cfg.temperature)
+        actor = PolicyModel(lm, cfg.model.logprob_chunk, cfg.rollout.temperature)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
                                prefix=None, prefix_depth=0):
@@ -216,7 +217,7 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
                 return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask,
                                          choice_mask=choice_mask, choice_ids=choice_ids,
                                          temperature=actor.temperature)[0]
-    if cfg.gradient_checkpointing:
+    if cfg.model.gradient_checkpointing:
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
         unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
         critic_base = unwrap_peft(critic.backbone) if critic is not None else None
@@ -226,10 +227,11 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
 
 
 def build_models(cfg: PPOConfig, device: str | None = None) -> Models:
-    """Load ``cfg.sft_checkpoint`` (or ``cfg.model``) and wrap it (see :func:`wrap_models`)."""
-    spec = cfg.sft_checkpoint or cfg.model
-    lm = load_causal_lm(spec, device=device or "auto", dtype=cfg.dtype, trust_remote_code=cfg.trust_remote_code)
-    tokenizer = load_tokenizer(spec, trust_remote_code=cfg.trust_remote_code)
+    """Load ``cfg.model.sft_checkpoint`` (or ``cfg.model.name``) and wrap it (see :func:`wrap_models`)."""
+    spec = cfg.model.sft_checkpoint or cfg.model.name
+    lm = load_causal_lm(spec, device=device or "auto", dtype=cfg.model.dtype,
+                        trust_remote_code=cfg.model.trust_remote_code)
+    tokenizer = load_tokenizer(spec, trust_remote_code=cfg.model.trust_remote_code)
     return wrap_models(lm.train(), tokenizer, cfg)
 
 

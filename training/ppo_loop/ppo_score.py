@@ -55,7 +55,7 @@ def frozen_prefix_states(run: Run, batch: dict[str, torch.Tensor], recorded: lis
         states[i, :n] = recorded[i][:n].to(device=states.device, dtype=states.dtype)
     computed = torch.tensor(sorted(set(range(B)) - set(reused)), dtype=torch.long, device=states.device)
     lengths = batch["attention_mask"].sum(-1)[computed]
-    for rows in computed[lengths.argsort(stable=True)].split(run.cfg.micro_batch_size) if len(computed) else ():
+    for rows in computed[lengths.argsort(stable=True)].split(run.cfg.optim.micro_batch_size) if len(computed) else ():
         mb = select(batch, rows)
         hidden = prefix_hidden(run.policy.lm, mb["input_ids"], mb["attention_mask"], run.frozen_depth)
         states[rows, :hidden.shape[1]] = hidden.to(states.dtype)
@@ -104,14 +104,15 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     ``tis`` the importance weights. Returns (batch, extras for the log). ``train_actor`` False (a
     critic-only update): no frozen-layer states unless the old log-probs are recomputed."""
     cfg, accelerator = run.cfg, run.accelerator
+    algo = cfg.algorithm
     batch = episodes_to_batch(episodes, run.pad_id, accelerator.device)
     mask = batch["model_mask"]
     overlong = torch.zeros_like(batch["reward"])
-    if cfg.overlong_buffer > 0:  # DAPO: a soft penalty on episodes near or past overlong_max_tokens
-        overlong = overlong_penalty(mask.sum(dim=1), cfg.overlong_max_tokens, cfg.overlong_buffer)
+    if algo.overlong_buffer > 0:  # DAPO: a soft penalty on episodes near or past overlong_max_tokens
+        overlong = overlong_penalty(mask.sum(dim=1), algo.overlong_max_tokens, algo.overlong_buffer)
         batch["reward"] = batch["reward"] + overlong.to(batch["reward"].dtype)
-    recompute = cfg.old_logprobs == "recompute"
-    with_reference = cfg.kl_coef > 0  # kl_coef 0: no reference pass (one forward fewer; KL is then not logged)
+    recompute = algo.old_logprobs == "recompute"
+    with_reference = algo.kl_coef > 0  # kl_coef 0: no reference pass (one forward fewer; KL is then not logged)
     old_logp = torch.zeros_like(mask) if recompute else batch["sampler_logp"] * mask
     ref_logp, values = torch.zeros_like(mask), torch.zeros_like(mask)
     set_train_mode(False, run.actor, run.critic)
@@ -119,46 +120,48 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if run.frozen_depth and (train_actor or recompute):  # the frozen bottom layers, once for the whole update
         batch["prefix"], reused_states = frozen_prefix_states(run, batch, recorded_states(episodes))
     with torch.no_grad():
-        for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.micro_batch_size):
+        for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.optim.micro_batch_size):
             mb = select(batch, rows)
             verdicts = {"choice_mask": mb["choice_mask"], "choice_ids": run.choice_ids}
             if recompute:
                 put(old_logp, rows, run.actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"],
                                               **verdicts, **prefix_of(run, mb))[0])
-            if with_reference and (cfg.kl_tokens == "all" or bool(mb["choice_mask"].any())):
+            if with_reference and (algo.kl_tokens == "all" or bool(mb["choice_mask"].any())):
                 put(ref_logp, rows, run.models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
                                                                   mb["model_mask"], **verdicts, **prefix_of(run, mb)))
             if run.critic is not None:
                 put(values, rows, sequence_values(run.critic, mb["input_ids"], mb["attention_mask"]))
     set_train_mode(True, run.actor, run.critic)
     values = values * mask
-    kl_scope = batch["choice_mask"] * mask if cfg.kl_tokens == "verdicts" else mask  # where the KL term applies
-    kl_old = kl_penalty(old_logp, ref_logp, cfg.kl_estimator) * kl_scope if with_reference else torch.zeros_like(mask)
+    kl_scope = batch["choice_mask"] * mask if algo.kl_tokens == "verdicts" else mask  # where the KL term applies
+    kl_old = kl_penalty(old_logp, ref_logp,
+                        algo.kl_estimator) * kl_scope if with_reference else torch.zeros_like(mask)
     E = len(episodes)  # the episode rows; verdict rows judged alone follow (their episode's advantage × weight)
-    token_rewards, scores = episode_rewards(batch["reward"][:E], kl_old if cfg.kl_mode == "reward" else None,
+    token_rewards, scores = episode_rewards(batch["reward"][:E], kl_old if algo.kl_mode == "reward" else None,
                                             mask, batch["owner"], current_kl_coef(run))
-    advantages, returns = compute_advantages(cfg.advantage, AdvantageBatch(
+    advantages, returns = compute_advantages(algo.advantage, AdvantageBatch(
         model_mask=mask[:E], token_rewards=token_rewards, values=values[:E], scores=scores,
-        group_ids=batch["group_id"][:E], gamma=cfg.gamma, lam=cfg.lam, std_normalize=cfg.grpo_std_normalize,
+        group_ids=batch["group_id"][:E], gamma=algo.gamma, lam=algo.lam, std_normalize=algo.grpo_std_normalize,
         accelerator=accelerator))
     advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"],
-                                   cfg.verdict_episode_credit)
-    if cfg.answer_credit == "answer":  # the answer turn: the answer term's own advantage
+                                   algo.verdict_episode_credit)
+    if algo.answer_credit == "answer":  # the answer turn: the answer term's own advantage
         advantages = with_answer_credit(cfg, advantages, batch, mask, E)
     returns = pad_rows(returns, mask.shape[0])
     verdict_price = math.nan
-    if cfg.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
+    if algo.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
         choices, gaps = batch["choice_mask"] * mask, batch["choice_reward_gap"]
-        if cfg.verdict_credit_centred:  # the open token is the first choice (envs.protocol.judge_token_ids)
+        if algo.verdict_credit_centred:  # the open token is the first choice (envs.protocol.judge_token_ids)
             assert run.choice_ids is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
             opened = batch["input_ids"][:, 1:] == run.choice_ids[0]
             gaps, verdict_price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
-        advantages = advantages + cfg.verdict_credit * two_choice_advantages(old_logp, gaps, choices, accelerator)
+        advantages = advantages + algo.verdict_credit * two_choice_advantages(old_logp, gaps, choices,
+                                                                                       accelerator)
     batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages, returns=returns)
     tis_stats: dict[str, torch.Tensor] = {}
-    if cfg.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
-        batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, cfg.tis,
-                                                           cfg.tis_mode, cfg.tis_cap, cfg.tis_low)
+    if algo.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
+        batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, algo.tis,
+                                                           algo.tis_mode, algo.tis_cap, algo.tis_low)
     extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats,
               "reused_states": reused_states, "verdict_price": verdict_price}
     return batch, extras

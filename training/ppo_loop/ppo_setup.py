@@ -15,7 +15,7 @@ from envs.config import EnvConfig
 from envs.protocol import judge_token_ids
 from training import sft
 from training.algorithm.kl_control import build_kl_controller
-from training.config import PPOConfig, save_resolved, to_dict
+from training.config import PPOConfig, save_resolved, to_dict, upgrade, with_values
 from training.evaluation.ppo_report import evaluate_policy
 from training.models.checkpoint import load_latest
 from training.models.compiled_layers import compile_trained_layers
@@ -24,20 +24,20 @@ from training.models.policy_models import build_models, uses_critic
 from training.rollouts.rollout_engine import build_rollout_backend, sync_rollout_weights
 from training.runtime.cpu_threads import use_all_cores
 from training.runtime.distributed import check_process_count, configure_deepspeed, make_accelerator, uses_deepspeed
-from training.runtime.inputs import load_env_config, load_retriever, load_train_and_held_out
+from training.runtime.inputs import load_retriever, load_train_and_held_out
 from training.teachers.trajectories import seeds_r1_prompt_fn
 from training.warm_start import warm_start_cache
 
 
 def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.Tensor | None:
     """(C,) ids of the verdict tokens constrained verdicts choose among, or None (free verdicts)."""
-    if env_config.expand_form != "judge" or not cfg.constrain_verdicts:
-        if cfg.kl_estimator == "exact":
+    if env_config.expand_form != "judge" or not cfg.rollout.constrain_verdicts:
+        if cfg.algorithm.kl_estimator == "exact":
             raise ValueError("kl_estimator exact is the KL of the two-way constrained verdicts: it needs the "
                              "judgement form (env expand_form: judge) with constrain_verdicts: true")
         return None
     ids = judge_token_ids(tokenizer)
-    if cfg.kl_estimator == "exact" and len(ids) != 2:
+    if cfg.algorithm.kl_estimator == "exact" and len(ids) != 2:
         raise ValueError(f"kl_estimator exact needs two verdict choices, not {len(ids)}")
     return torch.tensor(ids, dtype=torch.long, device=device)
 
@@ -47,8 +47,8 @@ def check_judge_context(cfg: PPOConfig, env_config: EnvConfig) -> None:
     a critic-free estimator, whose per-episode advantage each of them takes."""
     if env_config.judge_context == "alone" and uses_critic(cfg):
         raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp, "
-                         f"reinforce_pp_baseline), not advantage {cfg.advantage!r}: its verdict rows take their "
-                         f"episode's advantage")
+                         f"reinforce_pp_baseline), not advantage {cfg.algorithm.advantage!r}: its verdict rows take "
+                         f"their episode's advantage")
 
 
 def _lr_lambda(warmup: int):
@@ -89,27 +89,28 @@ class Run:
 
 def resume_point(cfg: PPOConfig) -> tuple[PPOConfig, Path | None]:
     """With ``--resume``: the latest checkpoint, and the SFT policy the interrupted run started from."""
-    out = Path(cfg.output_dir)
-    resume_from = load_latest(out) if cfg.resume else None
-    if cfg.resume and resume_from is None:
+    out = Path(cfg.run.output_dir)
+    resume_from = load_latest(out) if cfg.run.resume else None
+    if cfg.run.resume and resume_from is None:
         print(f"[ppo] --resume: no checkpoint in {out}; starting from scratch", flush=True)
-    if resume_from is not None and not cfg.sft_checkpoint and (out / "config.yaml").is_file():
-        saved = yaml.safe_load((out / "config.yaml").read_text()) or {}
-        if saved.get("sft_checkpoint"):  # resume on top of the same SFT policy
-            cfg = dataclasses.replace(cfg, sft_checkpoint=saved["sft_checkpoint"])
+    if resume_from is not None and not cfg.model.sft_checkpoint and (out / "config.yaml").is_file():
+        saved = upgrade(PPOConfig, yaml.safe_load((out / "config.yaml").read_text()) or {})  # old run folders too
+        sft_checkpoint = (saved.get("model") or {}).get("sft_checkpoint")
+        if sft_checkpoint:  # resume on top of the same SFT policy
+            cfg = with_values(cfg, {"model.sft_checkpoint": sft_checkpoint})
     return cfg, resume_from
 
 
 def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None, examples: list | None = None) -> PPOConfig:
     """No ``sft_checkpoint`` given: run the SFT warm start (``training.sft.warm_start``) first, on
     the training questions (``examples``), never on held-out ones."""
-    if cfg.sft_checkpoint or not cfg.sft_warm_start:
+    if cfg.model.sft_checkpoint or not cfg.warm_start.enabled:
         return cfg
     with warm_start_cache.preserved_rng():  # the run goes on the same whether it trained or reused its warm start
         path = sft.warm_start(cfg, retriever=retriever, examples=examples)
     if path:
         print(f"[ppo] SFT warm start -> {path}", flush=True)
-        return dataclasses.replace(cfg, sft_checkpoint=str(path))
+        return with_values(cfg, {"model.sft_checkpoint": str(path)})
     print("[ppo] SFT warm start returned no checkpoint: PPO starts from the base model", flush=True)
     return cfg
 
@@ -119,23 +120,23 @@ def prepare_optimization(run: Run) -> None:
     under DeepSpeed each becomes its own engine, with its own optimizer and clipping (accelerate
     takes one model per prepare there; the DeepSpeed path calls each engine's backward itself)."""
     cfg, accelerator, models = run.cfg, run.accelerator, run.models
-    trained = {"actor": (models.actor, cfg.lr_actor)}
+    trained = {"actor": (models.actor, cfg.optim.lr_actor)}
     if models.critic is not None:
-        trained["critic"] = (models.critic, cfg.lr_critic)
+        trained["critic"] = (models.critic, cfg.optim.lr_critic)
     if uses_deepspeed(accelerator):
-        configure_deepspeed(accelerator, cfg, run.local_questions * cfg.samples_per_question)
+        configure_deepspeed(accelerator, cfg, run.local_questions * cfg.rollout.samples_per_question)
     for name, (model, lr) in trained.items():
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
-                                      weight_decay=cfg.weight_decay)
-        run.schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.warmup_updates))
+                                      weight_decay=cfg.optim.weight_decay)
+        run.schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.optim.warmup_updates))
         prepared, run.optimizers[name] = accelerator.prepare(model, optimizer)
         setattr(run, name, prepared)
     run.policy = accelerator.unwrap_model(run.actor)
-    run.frozen_depth = frozen_depth(run.policy.lm) if cfg.cache_frozen_layers else 0
-    if cfg.cache_frozen_layers and not run.frozen_depth and accelerator.is_main_process:
+    run.frozen_depth = frozen_depth(run.policy.lm) if cfg.model.cache_frozen_layers else 0
+    if cfg.model.cache_frozen_layers and not run.frozen_depth and accelerator.is_main_process:
         print("[ppo] cache_frozen_layers: no frozen layers below the trainable ones (set lora.top_layers); "
               "nothing is cached", flush=True)
-    if cfg.compile_trained_layers:
+    if cfg.model.compile_trained_layers:
         compiled = compile_trained_layers(run.policy.lm)
         if accelerator.is_main_process:
             print(f"[ppo] compile_trained_layers: decoder layers {compiled} compile on the first pass", flush=True)
@@ -144,41 +145,42 @@ def prepare_optimization(run: Run) -> None:
 
 def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerator) -> tuple[Run, Path | None]:
     """The accelerator, seeds, data, models (after the SFT warm start), optimizers and the rollout backend."""
-    accelerator = accelerator or make_accelerator(cfg.report_to, cfg.output_dir)
+    accelerator = accelerator or make_accelerator(cfg.run.report_to, cfg.run.output_dir)
     check_process_count(accelerator)
     use_all_cores(accelerator.device)  # accelerate launch exports OMP_NUM_THREADS=1; SEEDS_RL_THREADS=N overrides
-    set_seed(cfg.seed)
+    set_seed(cfg.run.seed)
     cfg, resume_from = resume_point(cfg)
-    check_judge_context(cfg, load_env_config(cfg))
-    retriever = retriever if retriever is not None else load_retriever(cfg)
+    check_judge_context(cfg, cfg.env)
+    retriever = retriever if retriever is not None else load_retriever(cfg.data)
     if examples is None or eval_examples is None:
-        loaded_train, loaded_eval = load_train_and_held_out(cfg)
+        loaded_train, loaded_eval = load_train_and_held_out(cfg.data, cfg.evaluation)
         examples = loaded_train if examples is None else examples
         eval_examples = loaded_eval if eval_examples is None else eval_examples
     initial_weights = None
     if models is None:
         cfg = resolve_sft_checkpoint(cfg, retriever, examples)
         models = build_models(cfg, device=str(accelerator.device))
-        initial_weights = cfg.sft_checkpoint if cfg.sft_checkpoint and Path(cfg.sft_checkpoint).is_dir() else None
-    out = Path(cfg.output_dir)
+        checkpoint = cfg.model.sft_checkpoint
+        initial_weights = checkpoint if checkpoint and Path(checkpoint).is_dir() else None
+    out = Path(cfg.run.output_dir)
     if accelerator.is_main_process:
         save_resolved(cfg, out)
     W = accelerator.num_processes
-    if cfg.questions_per_update % W:
-        raise ValueError(f"questions_per_update ({cfg.questions_per_update}) must divide among {W} processes")
-    if cfg.questions_per_update // W * cfg.samples_per_question < cfg.mini_batches:
+    if cfg.rollout.questions_per_update % W:
+        raise ValueError(f"questions_per_update ({cfg.rollout.questions_per_update}) must divide among {W} processes")
+    if cfg.rollout.questions_per_update // W * cfg.rollout.samples_per_question < cfg.optim.mini_batches:
         raise ValueError("each process needs at least one episode per mini-batch")
-    env_config = load_env_config(cfg)
+    env_config = cfg.env
     run = Run(cfg=cfg, accelerator=accelerator, out=out, retriever=retriever, examples=examples,
               eval_examples=eval_examples, models=models, env_config=env_config,
-              prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.questions_per_update // W,
+              prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.rollout.questions_per_update // W,
               choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device),
               initial_weights=initial_weights, kl_controller=build_kl_controller(cfg))
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
     run.backend = build_rollout_backend(cfg, run.policy, models.tokenizer, accelerator)
-    if cfg.report_to == "wandb":
-        accelerator.init_trackers(cfg.wandb_project, config=to_dict(cfg))
+    if cfg.run.report_to == "wandb":
+        accelerator.init_trackers(cfg.run.wandb_project, config=to_dict(cfg))
     return run, resume_from
 
 
@@ -195,7 +197,7 @@ def evaluate_before(run: Run, resumed: bool) -> tuple[dict, dict]:
     same settings (:func:`training.warm_start.warm_start_cache.evaluation_key`; its stats name the entry as
     ``cached_from``), or this one, kept for later runs. The main process's answer holds for all."""
     cfg, key, cached = run.cfg, None, None
-    if cfg.cache_warm_start and not resumed and run.initial_weights and warm_start_cache.usable():
+    if cfg.warm_start.cache and not resumed and run.initial_weights and warm_start_cache.usable():
         if run.accelerator.is_main_process:
             key = warm_start_cache.evaluation_key(cfg, run.env_config, run.initial_weights, run.eval_examples,
                                                  run.retriever)

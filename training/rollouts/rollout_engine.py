@@ -54,19 +54,19 @@ _ENGINE: tuple[tuple, Any] | None = None  # (settings key, VLLMBackend): this pr
 
 
 def build_rollout_backend(cfg: PPOConfig, policy: Any, tokenizer: Any, accelerator: Any) -> LLMBackend:
-    """The rollout backend that ``cfg.rollout_engine`` names, for the (unwrapped) actor ``policy``.
+    """The rollout backend that ``cfg.rollout.rollout_engine`` names, for the (unwrapped) actor ``policy``.
 
     The vLLM engine starts with the folder's weights; call :func:`sync_rollout_weights` before use.
     """
-    if cfg.rollout_engine == "hf":
+    if cfg.rollout.rollout_engine == "hf":
         options: dict[str, Any]  # HFBackend's keyword options
-        options = dict(max_batch_size=cfg.rollout_batch_size, max_context=cfg.max_context_tokens + 1,
+        options = dict(max_batch_size=cfg.rollout.rollout_batch_size, max_context=cfg.rollout.max_context_tokens + 1,
                        logprobs_mode="sampled")  # μ's log-probs (greedy evaluation: the raw π)
-        if cfg.rollout_merge_lora and policy.is_lora:
+        if cfg.rollout.rollout_merge_lora and policy.is_lora:
             return MergedLoraHFBackend(policy.lm, tokenizer, **options)
         return HFBackend(policy.lm, tokenizer, **options)
-    if cfg.rollout_engine != "vllm":
-        raise ValueError(f"unknown rollout_engine {cfg.rollout_engine!r} (expected 'hf' or 'vllm')")
+    if cfg.rollout.rollout_engine != "vllm":
+        raise ValueError(f"unknown rollout_engine {cfg.rollout.rollout_engine!r} (expected 'hf' or 'vllm')")
     set_engine_environment(cfg, accelerator)
     backend = vllm_engine(engine_model_folder(cfg), vllm_engine_options(cfg, policy, accelerator))
     check_same_tokenizer(backend.tokenizer, tokenizer)
@@ -140,12 +140,12 @@ def sync_rollout_weights(backend: LLMBackend, policy: Any) -> float:
 def engine_model_folder(cfg: Any) -> Path:
     """The folder the actor was loaded from (the SFT policy, else the base model): the engine's
     architecture, config, tokenizer and starting weights."""
-    return resolve_model(cfg.sft_checkpoint or cfg.model)
+    return resolve_model(cfg.model.name.sft_checkpoint or cfg.model.name.name)
 
 
 def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[str, Any]:
     """``VLLMBackend`` keyword arguments for this process (see the module docstring)."""
-    settings = cfg.vllm
+    settings = cfg.rollout.vllm
     dtype = settings.dtype
     if dtype == "auto":  # the actor's own dtype, so a synced weight is not rounded on the way in
         dtype = str(next(policy.lm.parameters()).dtype).removeprefix("torch.")
@@ -153,9 +153,9 @@ def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[s
     options: dict[str, Any] = dict(
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
-        max_model_len=settings.max_model_len or cfg.max_context_tokens + 1,
-        seed=cfg.seed + accelerator.process_index,
-        trust_remote_code=cfg.trust_remote_code,
+        max_model_len=settings.max_model_len or cfg.rollout.max_context_tokens + 1,
+        seed=cfg.run.seed + accelerator.process_index,
+        trust_remote_code=cfg.model.name.trust_remote_code,
         dtype=dtype,
         enforce_eager=accelerator.device.type == "cpu" if eager is None else eager,
         enable_prefix_caching=settings.enable_prefix_caching,
@@ -177,7 +177,7 @@ def set_engine_environment(cfg: PPOConfig, accelerator: Any) -> None:
         os.environ.update(RANK=str(accelerator.process_index), LOCAL_RANK=str(accelerator.local_process_index),
                           WORLD_SIZE=str(accelerator.num_processes))
     if accelerator.device.type == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm.cpu_kvcache_space_gib))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.vllm.cpu_kvcache_space_gib))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the cores with the trainer
 
 

