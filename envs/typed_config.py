@@ -1,21 +1,29 @@
 """The one way configs are read: typed dataclasses from YAML recipes and command-line overrides.
 
-    load_config(PPOConfig, ["--config", "configs/ppo/default.yaml", "--updates", "2", "--lora.r", "8"])
+    load_config(PPOConfig, ["--config", "configs/ppo/default.yaml", "--optim.updates", "2", "--model.lora.r", "8"])
 
 Dataclass defaults, then the YAML recipe given by ``--config``, then ``--key value`` (or
-``--key=value``) overrides; nested fields with dots (``--lora.r 8``,
+``--key=value``) overrides; nested fields with dots (``--model.lora.r 8``,
 ``--env.candidates_per_search 3``). Values are parsed as YAML scalars (``8``, ``1e-6``, ``true``,
 ``null``). A bare ``--flag`` sets a boolean field to true. Unknown keys raise :class:`ConfigError`
 (a ``ValueError``). A recipe may start from another (``base: default.yaml``, relative to its
 folder) and state only what differs. Used by every config of the project: ``EnvConfig``,
 ``PPOConfig``, ``WarmStartConfig``, the evaluation CLI's ``--config`` and its ``--env.<key>``.
 
+A config class may rename its old keys with a classmethod ``upgrade_keys(values) -> values``
+(:func:`upgrade`; ``PPOConfig``'s reads the flat names of the PPO config before its sections),
+applied to each layer (a recipe file, the command line) before the layers are merged. A section
+whose field names a sibling recipe field in its metadata (``RECIPE``: PPOConfig's ``env`` and
+``env_config``) starts from that recipe, its own keys on top. :func:`with_values` builds or changes
+a config by dotted names (``{"algorithm.advantage": "grpo"}``).
+
 Each field's documentation is the ``# ...`` comment beside it in its dataclass (or the comment lines
-directly above it): :func:`field_docs` reads them from the source, :func:`config_help` prints every
-field, nested sections included, as ``--section.field  type = default`` and that doc (``--help``).
+directly above it; else its dataclass bases' or its ``DOCS_FROM`` classes'): :func:`field_docs` reads
+them from the source, :func:`config_help` prints every field, nested sections included, as
+``--section.field  type = default`` and that doc (``--help``).
 A ``dict`` field that holds overrides of another config names it in its metadata,
-``field(default_factory=dict, metadata={OVERRIDES: EnvConfig})`` (or ``"module:Class"``), and its
-keys are documented as that config's fields (``--env.max_actions``).
+``field(default_factory=dict, metadata={OVERRIDES: LoraSettings})`` (or ``"module:Class"``), and its
+keys are documented as that config's fields (``--warm_start.lora.r``).
 """
 from __future__ import annotations
 

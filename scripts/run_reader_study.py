@@ -55,7 +55,8 @@ def policy_summaries(cfg: PPOConfig, model, tokenizer, examples: list, retriever
                         max_context=cfg.rollout.max_context_tokens + 1)
     venv = SearchVectorEnv(retriever, num_envs=min(cfg.rollout.num_envs, len(examples)), config=env_config,
                            tokenizer=tokenizer)
-    episodes = collect_rollouts(backend, venv, examples, greedy_rollout_config(cfg), seeds_r1_prompt_fn(env_config))
+    episodes = collect_rollouts(backend, venv, examples, greedy_rollout_config(cfg.rollout, cfg.run.seed),
+                               seeds_r1_prompt_fn(env_config))
     return [episode.info for episode in episodes]
 
 

@@ -57,8 +57,10 @@ VERDICTS_ONLY = [-0.70, 1.7, 3.175, -0.50, -0.65]  # the KL term at c only
 ])
 def test_actor_objective_matches_hand_values(overrides, expected):
     logp, entropy, mb = micro_batch()
-    loss, policy_sum, entropy_sum, stats = actor_objective(config(**overrides), logp, entropy, mb,
-                                                           torch.tensor(5.0), torch.tensor(2.0))
+    cfg = config(**overrides)
+    loss, policy_sum, entropy_sum, stats = actor_objective(cfg.algorithm, logp, entropy, mb, torch.tensor(5.0),
+                                                           torch.tensor(2.0),
+                                                           max_context_tokens=cfg.rollout.max_context_tokens)
     assert float(loss.detach()) == pytest.approx(expected, abs=1e-5)
     assert policy_sum == pytest.approx(-0.65 + 1.8 + 3.0 - 0.5 - 0.6, abs=1e-5)  # w·L over model tokens
     assert entropy_sum == pytest.approx(4.5, abs=1e-6)
@@ -70,7 +72,8 @@ def test_actor_objective_gradient_matches_hand_values():
     """d loss / d logp per token (token_mean over 5): the clipped and dual-clipped tokens give no
     surrogate gradient, the others −w·A·ρ; plus the KL term's 0.1·diff (k2)."""
     logp, entropy, mb = micro_batch()
-    loss, *_ = actor_objective(config(), logp, entropy, mb, torch.tensor(5.0), torch.tensor(2.0))
+    loss, *_ = actor_objective(config().algorithm, logp, entropy, mb, torch.tensor(5.0), torch.tensor(2.0),
+                               max_context_tokens=PPOConfig().rollout.max_context_tokens)
     loss.backward()
     expected = [[0.1 * 1.0, 0.0, 0.1 * 2.0], [-0.25 * 2.0 * 1.0 + 0.1 * -1.0, 0.0, -1.0 * 0.5 * 1.2]]
     torch.testing.assert_close(logp.grad, torch.tensor(expected) / 5, rtol=1e-5, atol=1e-6)

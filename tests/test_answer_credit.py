@@ -96,9 +96,9 @@ def test_the_trainer_credits_answer_turns_by_the_answer_term(tmp_path, retriever
     must take the answer term's own group advantage (±1/√2) and every other token keep its own."""
     seen = []
 
-    def recording(cfg, advantages, batch, mask, episodes):
+    def recording(algorithm, advantages, batch, mask, episodes):
         batch["answer_reward"][:episodes] = (torch.arange(episodes) % 2).to(batch["answer_reward"].dtype)
-        out = real_with_answer_credit(cfg, advantages, batch, mask, episodes)
+        out = real_with_answer_credit(algorithm, advantages, batch, mask, episodes)
         seen.append((advantages.clone(), out, batch["answer_mask"] * mask, batch, episodes))
         return out
 

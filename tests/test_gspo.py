@@ -84,7 +84,8 @@ def objective(**overrides) -> float:
     cfg = with_values(PPOConfig,
                       dotted_keys(dict(entropy_coef=0.0, kl_coef=0.0, clip_low=0.2, clip_high=0.2, **overrides)))
     mb = {"model_mask": MASK, "old_logp": OLD, "advantages": ADV}
-    loss, *_ = actor_objective(cfg, OLD + STEP, torch.zeros(2, 3), mb, torch.tensor(5.0), torch.tensor(2.0))
+    loss, *_ = actor_objective(cfg.algorithm, OLD + STEP, torch.zeros(2, 3), mb, torch.tensor(5.0), torch.tensor(2.0),
+                               max_context_tokens=cfg.rollout.max_context_tokens)
     return float(loss)
 
 

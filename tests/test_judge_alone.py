@@ -184,14 +184,14 @@ def test_verdict_rows_join_the_batch_and_take_their_episodes_advantage(script_lm
 
 def test_a_critic_is_refused_with_verdicts_judged_alone():
     from envs.config import EnvConfig as Env
-    from training.config import PPOConfig, with_values
+    from training.config import AlgorithmSettings
     from training.ppo_loop.ppo_setup import check_judge_context
 
     alone = Env(expand_form="judge", judge_context="alone")
     with pytest.raises(ValueError, match="critic-free"):
-        check_judge_context(with_values(PPOConfig, {"algorithm.advantage": "gae"}), alone)
-    check_judge_context(with_values(PPOConfig, {"algorithm.advantage": "grpo"}), alone)
-    check_judge_context(with_values(PPOConfig, {"algorithm.advantage": "gae"}), Env(expand_form="judge"))
+        check_judge_context(AlgorithmSettings(advantage="gae"), alone)
+    check_judge_context(AlgorithmSettings(advantage="grpo"), alone)
+    check_judge_context(AlgorithmSettings(advantage="gae"), Env(expand_form="judge"))
 
 
 def test_verdict_ranking_reads_pi_yes_off_either_choice():

@@ -12,7 +12,7 @@ from tests.test_ppo_loop import tiny_cfg
 from tests.tiny_models import tiny_llama, tiny_tokenizer
 from training import ppo
 from training.algorithm.kl_control import AdaptiveKLController, FixedKLController, build_kl_controller, current_kl_coef
-from training.config import ConfigError, PPOConfig, dotted_keys, with_values
+from training.config import AlgorithmSettings, ConfigError, PPOConfig, dotted_keys, with_values
 from training.models.checkpoint import load_latest
 from training.models.policy_models import wrap_models
 from training.ppo_loop import ppo_score
@@ -42,10 +42,8 @@ def test_fixed_controller_and_the_choice():
     fixed.update(10.0, 1000)
     fixed.resume(0.5)  # a resumed run takes its configured kl_coef
     assert fixed.value == 0.02
-    assert isinstance(build_kl_controller(with_values(PPOConfig, {"algorithm.kl_coef": 0.02})), FixedKLController)
-    adaptive = build_kl_controller(with_values(PPOConfig,
-                                               {"algorithm.kl_coef": 0.02, "algorithm.kl_target": 0.1,
-                                                "algorithm.kl_horizon": 50}))
+    assert isinstance(build_kl_controller(AlgorithmSettings(kl_coef=0.02)), FixedKLController)
+    adaptive = build_kl_controller(AlgorithmSettings(kl_coef=0.02, kl_target=0.1, kl_horizon=50))
     assert (type(adaptive), adaptive.value, adaptive.target, adaptive.horizon) == (AdaptiveKLController, 0.02, 0.1, 50)
     no_controller = SimpleNamespace(cfg=with_values(PPOConfig, {"algorithm.kl_coef": 0.7}))
     assert current_kl_coef(no_controller) == 0.7  # no controller: the config's

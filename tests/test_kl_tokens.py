@@ -24,7 +24,8 @@ def objective(kl_coef: float, kl_tokens: str) -> float:
     logp = torch.log(torch.tensor([[0.5, 0.2, 0.6]]))
     mb = {"model_mask": torch.ones(1, 3), "old_logp": logp.clone(), "advantages": torch.zeros(1, 3),
           "ref_logp": torch.log(torch.tensor([[0.1, 0.5, 0.9]])), "choice_mask": torch.tensor([[0.0, 1.0, 0.0]])}
-    loss, *_ = actor_objective(cfg, logp, torch.zeros(1, 3), mb, torch.tensor(3.0), torch.tensor(1.0))
+    loss, *_ = actor_objective(cfg.algorithm, logp, torch.zeros(1, 3), mb, torch.tensor(3.0), torch.tensor(1.0),
+                               max_context_tokens=cfg.rollout.max_context_tokens)
     return float(loss)
 
 

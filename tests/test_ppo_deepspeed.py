@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.ppo_runs import free_port, write_tiny_run
-from training.config import ConfigError, PPOConfig, with_values
+from training.config import ConfigError, OptimSettings, with_values
 from training.runtime.distributed import accelerator_handlers, configure_deepspeed
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
@@ -74,19 +74,19 @@ def with_deepspeed_config(values: dict) -> SimpleNamespace:
 
 
 def test_deepspeed_batch_and_clipping_values_come_from_the_ppo_config():
-    cfg = with_values(PPOConfig, {"optim.micro_batch_size": 2, "optim.mini_batches": 2, "optim.max_grad_norm": 0.5})
+    optim = OptimSettings(micro_batch_size=2, mini_batches=2, max_grad_norm=0.5)
     ds_config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                  "gradient_clipping": "auto", "zero_optimization": {"stage": 2}}
-    configure_deepspeed(with_deepspeed_config(ds_config), cfg, episodes_per_process=9)  # mini-batches of 5 and 4
+    configure_deepspeed(with_deepspeed_config(ds_config), optim, episodes_per_process=9)  # mini-batches of 5 and 4
     assert ds_config["train_micro_batch_size_per_gpu"] == 2
     assert ds_config["gradient_accumulation_steps"] == 3  # micro-batches of 2, 2, 1
     assert ds_config["gradient_clipping"] == 0.5
     with pytest.raises(ConfigError, match="gradient_clipping"):
-        configure_deepspeed(with_deepspeed_config({"gradient_clipping": 1.0}), cfg, 9)
+        configure_deepspeed(with_deepspeed_config({"gradient_clipping": 1.0}), optim, 9)
     with pytest.raises(ConfigError, match="ZeRO-3"):
-        configure_deepspeed(with_deepspeed_config({"zero_optimization": {"stage": 3}}), cfg, 9)
+        configure_deepspeed(with_deepspeed_config({"zero_optimization": {"stage": 3}}), optim, 9)
     with pytest.raises(ConfigError, match="micro_batch_tokens"):  # an engine counts its micro-steps
-        configure_deepspeed(with_deepspeed_config({}), with_values(cfg, {"optim.micro_batch_tokens": 2048}), 9)
+        configure_deepspeed(with_deepspeed_config({}), with_values(optim, {"micro_batch_tokens": 2048}), 9)
 
 
 def test_two_cpu_processes_join_one_group_with_or_without_deepspeed(monkeypatch):

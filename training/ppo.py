@@ -71,7 +71,7 @@ from training.algorithm.ppo_core import (
     policy_loss_terms,
     value_loss,
 )
-from training.config import PPOConfig, load_config
+from training.config import AlgorithmSettings, PPOConfig, load_config
 from training.evaluation.curves import write_curves_or_warn
 from training.evaluation.policy_eval import result_line
 from training.evaluation.ppo_report import (
@@ -101,33 +101,35 @@ DEFAULT_RECIPE = REPO_ROOT / "configs" / "ppo" / "default.yaml"
 # ============================================================================== the objective
 
 
-def actor_objective(cfg: PPOConfig, logp: torch.Tensor, entropy: torch.Tensor, mb: dict[str, torch.Tensor],
-                    n_tokens: torch.Tensor, n_sequences: torch.Tensor, kl_coef: float | None = None
+def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: torch.Tensor,
+                    mb: dict[str, torch.Tensor], n_tokens: torch.Tensor, n_sequences: torch.Tensor,
+                    kl_coef: float | None = None, *, max_context_tokens: int
                     ) -> tuple[torch.Tensor, float, float, dict]:
-    """One micro-batch's share of the actor's loss, aggregated by ``cfg.algorithm.loss_agg``
+    """One micro-batch's share of the actor's loss, aggregated by ``algorithm.loss_agg``
     (:func:`training.algorithm.ppo_core.aggregate_loss`), and the token sums of the policy loss and the entropy.
 
-    Per model token: the clipped surrogate of ``cfg.algorithm.policy_loss`` (PPO's per-token ratio, or GSPO's
+    Per model token: the clipped surrogate of ``algorithm.policy_loss`` (PPO's per-token ratio, or GSPO's
     sequence ratio) times the importance weight with ``tis``, − entropy_coef·H_t (+ β·KL_t with
     ``kl_mode: loss``, at verdict tokens only with ``kl_tokens: verdicts``; β = ``kl_coef``, the KL
-    controller's current value, default ``cfg.algorithm.kl_coef``). logp, entropy: (B, T).
+    controller's current value, default ``algorithm.kl_coef``); ``seq_mean_token_sum_norm`` divides by
+    ``loss_agg_norm_tokens``, else by ``max_context_tokens`` (the rollout section's). logp, entropy: (B, T).
     """
     mask = mb["model_mask"]
-    if cfg.algorithm.policy_loss == "gspo":
-        surrogate, stats = gspo_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.algorithm.clip_low,
-                                           cfg.algorithm.clip_high)
+    if algorithm.policy_loss == "gspo":
+        surrogate, stats = gspo_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, algorithm.clip_low,
+                                           algorithm.clip_high)
     else:
-        surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, cfg.algorithm.clip_low,
-                                             cfg.algorithm.clip_high, cfg.algorithm.dual_clip)
+        surrogate, stats = policy_loss_terms(logp, mb["old_logp"], mb["advantages"], mask, algorithm.clip_low,
+                                             algorithm.clip_high, algorithm.dual_clip)
     if "is_weight" in mb:
         surrogate = surrogate * mb["is_weight"]
-    per_token = surrogate - cfg.algorithm.entropy_coef * entropy
-    if cfg.algorithm.kl_mode == "loss":
-        kl = kl_penalty(logp, mb["ref_logp"], cfg.algorithm.kl_estimator)
-        beta = cfg.algorithm.kl_coef if kl_coef is None else kl_coef
-        per_token = per_token + beta * (kl * mb["choice_mask"] if cfg.algorithm.kl_tokens == "verdicts" else kl)
-    norm = float(cfg.algorithm.loss_agg_norm_tokens or cfg.rollout.max_context_tokens)
-    loss = aggregate_loss(per_token, mask, cfg.algorithm.loss_agg, n_tokens, n_sequences, norm)
+    per_token = surrogate - algorithm.entropy_coef * entropy
+    if algorithm.kl_mode == "loss":
+        kl = kl_penalty(logp, mb["ref_logp"], algorithm.kl_estimator)
+        beta = algorithm.kl_coef if kl_coef is None else kl_coef
+        per_token = per_token + beta * (kl * mb["choice_mask"] if algorithm.kl_tokens == "verdicts" else kl)
+    norm = float(algorithm.loss_agg_norm_tokens or max_context_tokens)
+    loss = aggregate_loss(per_token, mask, algorithm.loss_agg, n_tokens, n_sequences, norm)
     return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats
 
 
@@ -192,8 +194,9 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
             stack.enter_context(accumulating(accelerator, run.actor, last))
             logp, entropy = run.actor(mb["input_ids"], mb["attention_mask"], target_mask=m, with_entropy=True,
                                       choice_mask=mb["choice_mask"], choice_ids=run.choice_ids, **prefix_of(run, mb))
-            actor_loss, p_sum, h_sum, p_stats = actor_objective(cfg, logp, entropy, mb, n_tokens, n_sequences,
-                                                                current_kl_coef(run))
+            actor_loss, p_sum, h_sum, p_stats = actor_objective(
+                cfg.algorithm, logp, entropy, mb, n_tokens, n_sequences, current_kl_coef(run),
+                max_context_tokens=cfg.rollout.max_context_tokens)
             losses.append((run.actor, actor_loss * W))
             count = float(m.sum())
             sums["policy_loss"] += p_sum

@@ -55,13 +55,14 @@ def answer_turn_advantages(advantages: torch.Tensor, answer_mask: torch.Tensor, 
     return torch.where(answer_mask > 0, answer_adv.to(advantages.dtype), advantages)
 
 
-def with_answer_credit(cfg, advantages: torch.Tensor, batch: dict[str, torch.Tensor], mask: torch.Tensor,
+def with_answer_credit(algorithm, advantages: torch.Tensor, batch: dict[str, torch.Tensor], mask: torch.Tensor,
                        episodes: int) -> torch.Tensor:
     """:func:`answer_turn_advantages` on the batch's first ``episodes`` rows (the episodes; the
-    verdict rows after them keep theirs). advantages, mask: (B, T−1); ``batch`` from
+    verdict rows after them keep theirs), under the ``algorithm`` section's estimator
+    (:class:`training.config.AlgorithmSettings`). advantages, mask: (B, T−1); ``batch`` from
     :func:`training.ppo_loop.ppo_batch.episodes_to_batch`. Returns (B, T−1)."""
     E = episodes
     out = advantages.clone()
     out[:E] = answer_turn_advantages(advantages[:E], batch["answer_mask"][:E] * mask[:E], batch["answer_reward"][:E],
-                                     batch["group_id"][:E], cfg.algorithm.advantage, cfg.algorithm.grpo_std_normalize)
+                                     batch["group_id"][:E], algorithm.advantage, algorithm.grpo_std_normalize)
     return out

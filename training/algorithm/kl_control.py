@@ -58,11 +58,12 @@ class AdaptiveKLController:
             self.value = float(saved)
 
 
-def build_kl_controller(cfg: Any) -> FixedKLController | AdaptiveKLController:
-    """The controller ``cfg`` (a :class:`training.config.PPOConfig`) asks for: adaptive with ``kl_target``."""
-    if cfg.algorithm.kl_target is None:
-        return FixedKLController(cfg.algorithm.kl_coef)
-    return AdaptiveKLController(cfg.algorithm.kl_coef, cfg.algorithm.kl_target, cfg.algorithm.kl_horizon)
+def build_kl_controller(algorithm: Any) -> FixedKLController | AdaptiveKLController:
+    """The controller the ``algorithm`` section (:class:`training.config.AlgorithmSettings`) asks for:
+    adaptive with ``kl_target``."""
+    if algorithm.kl_target is None:
+        return FixedKLController(algorithm.kl_coef)
+    return AdaptiveKLController(algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon)
 
 
 def current_kl_coef(run: Any) -> float:

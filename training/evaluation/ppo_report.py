@@ -9,7 +9,7 @@ from envs.atomic import write_json_atomic
 from envs.protocol import judge_token_ids
 from envs.question_match import question_digest
 from envs.vector_env import SearchVectorEnv
-from training.config import PPOConfig
+from training.config import PPOConfig, RolloutSettings
 from training.evaluation.answer_sources import ANSWER_SHARE_KEYS, ANSWER_SOURCES, answer_shares
 from training.evaluation.policy_eval import (
     compare_runs,
@@ -33,11 +33,12 @@ PERIODIC_EVAL_KEYS = ("reward_mean", "em", "selection_precision", "open_rate_pos
                       "verdict_auc")
 
 
-def greedy_rollout_config(cfg: PPOConfig) -> RolloutConfig:
-    """How the trainer evaluates: greedy, one episode per question, the run's turn and context limits."""
-    return RolloutConfig(max_turn_tokens=cfg.rollout.max_turn_tokens, max_context_tokens=cfg.rollout.max_context_tokens,
-                         temperature=0.0, samples_per_question=1, seed=cfg.run.seed,
-                         constrain_verdicts=cfg.rollout.constrain_verdicts)
+def greedy_rollout_config(rollout: RolloutSettings, seed: int) -> RolloutConfig:
+    """How the trainer evaluates: greedy, one episode per question, the run's turn and context limits
+    (its ``rollout`` section) and its seed."""
+    return RolloutConfig(max_turn_tokens=rollout.max_turn_tokens, max_context_tokens=rollout.max_context_tokens,
+                         temperature=0.0, samples_per_question=1, seed=seed,
+                         constrain_verdicts=rollout.constrain_verdicts)
 
 
 def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn,
@@ -51,7 +52,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConf
     if shard:
         venv = SearchVectorEnv(retriever, num_envs=min(cfg.rollout.num_envs, len(shard)), config=env_config,
                                tokenizer=tokenizer)
-        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(cfg), prompt_fn,
+        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(cfg.rollout, cfg.run.seed), prompt_fn,
                                     progress="eval" if accelerator.is_local_main_process else None)
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})

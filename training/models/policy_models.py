@@ -31,7 +31,7 @@ from training.algorithm.ppo_core import (
     entropy_from_logits,
     logprobs_from_logits,
 )
-from training.config import LoraSettings, PPOConfig
+from training.config import AlgorithmSettings, LoraSettings, PPOConfig
 from training.models.frozen_prefix import decoder_of, top_hidden, unwrap_peft
 
 if TYPE_CHECKING:
@@ -177,9 +177,9 @@ def lora_config(settings: LoraSettings, task_type: str | None, num_layers: int) 
                       layers_to_transform=layers, layers_pattern="layers" if layers else None)
 
 
-def uses_critic(cfg: PPOConfig) -> bool:
+def uses_critic(algorithm: AlgorithmSettings) -> bool:
     """Only GAE needs a learned value; the others (grpo, rloo, reinforce, reinforce_pp) run without a critic."""
-    return cfg.algorithm.advantage == "gae"
+    return algorithm.advantage == "gae"
 
 
 def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
@@ -189,7 +189,7 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
     hidden_size = lm.config.get_text_config().hidden_size
     num_layers = lm.config.get_text_config().num_hidden_layers
     critic = None
-    if uses_critic(cfg):
+    if uses_critic(cfg.algorithm):
         backbone = copy.deepcopy(decoder_of(lm))  # the critic's own copy, same initial weights
         if cfg.model.lora.enabled and cfg.model.lora.critic:
             backbone = get_peft_model(backbone, lora_config(cfg.model.lora, None, num_layers))

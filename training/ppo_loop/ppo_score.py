@@ -146,7 +146,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     advantages = owners_advantages(pad_rows(advantages, mask.shape[0]), mask, batch["owner"],
                                    algo.verdict_episode_credit)
     if algo.answer_credit == "answer":  # the answer turn: the answer term's own advantage
-        advantages = with_answer_credit(cfg, advantages, batch, mask, E)
+        advantages = with_answer_credit(algo, advantages, batch, mask, E)
     returns = pad_rows(returns, mask.shape[0])
     verdict_price = math.nan
     if algo.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage

@@ -15,7 +15,7 @@ from envs.config import EnvConfig
 from envs.protocol import judge_token_ids
 from training import sft
 from training.algorithm.kl_control import build_kl_controller
-from training.config import PPOConfig, save_resolved, to_dict, upgrade, with_values
+from training.config import AlgorithmSettings, PPOConfig, save_resolved, to_dict, upgrade, with_values
 from training.evaluation.ppo_report import evaluate_policy
 from training.models.checkpoint import load_latest
 from training.models.compiled_layers import compile_trained_layers
@@ -42,12 +42,12 @@ def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.T
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-def check_judge_context(cfg: PPOConfig, env_config: EnvConfig) -> None:
+def check_judge_context(algorithm: AlgorithmSettings, env_config: EnvConfig) -> None:
     """Verdicts judged alone are rows of their own in the batch, with no value to learn: they need
     a critic-free estimator, whose per-episode advantage each of them takes."""
-    if env_config.judge_context == "alone" and uses_critic(cfg):
+    if env_config.judge_context == "alone" and uses_critic(algorithm):
         raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp, "
-                         f"reinforce_pp_baseline), not advantage {cfg.algorithm.advantage!r}: its verdict rows take "
+                         f"reinforce_pp_baseline), not advantage {algorithm.advantage!r}: its verdict rows take "
                          f"their episode's advantage")
 
 
@@ -124,7 +124,7 @@ def prepare_optimization(run: Run) -> None:
     if models.critic is not None:
         trained["critic"] = (models.critic, cfg.optim.lr_critic)
     if uses_deepspeed(accelerator):
-        configure_deepspeed(accelerator, cfg, run.local_questions * cfg.rollout.samples_per_question)
+        configure_deepspeed(accelerator, cfg.optim, run.local_questions * cfg.rollout.samples_per_question)
     for name, (model, lr) in trained.items():
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
                                       weight_decay=cfg.optim.weight_decay)
@@ -150,7 +150,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     use_all_cores(accelerator.device)  # accelerate launch exports OMP_NUM_THREADS=1; SEEDS_RL_THREADS=N overrides
     set_seed(cfg.run.seed)
     cfg, resume_from = resume_point(cfg)
-    check_judge_context(cfg, cfg.env)
+    check_judge_context(cfg.algorithm, cfg.env)
     retriever = retriever if retriever is not None else load_retriever(cfg.data)
     if examples is None or eval_examples is None:
         loaded_train, loaded_eval = load_train_and_held_out(cfg.data, cfg.evaluation)
@@ -175,7 +175,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
               eval_examples=eval_examples, models=models, env_config=env_config,
               prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.rollout.questions_per_update // W,
               choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device),
-              initial_weights=initial_weights, kl_controller=build_kl_controller(cfg))
+              initial_weights=initial_weights, kl_controller=build_kl_controller(cfg.algorithm))
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
     run.backend = build_rollout_backend(cfg, run.policy, models.tokenizer, accelerator)

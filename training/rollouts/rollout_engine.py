@@ -48,7 +48,7 @@ from inference.backends.hf import HFBackend
 from inference.backends.vllm_backend import VLLMBackend, hf_state_items
 from inference.models import resolve_model
 from methods.llm import LLMBackend
-from training.config import PPOConfig
+from training.config import ModelSettings, PPOConfig, VLLMSettings
 
 _ENGINE: tuple[tuple, Any] | None = None  # (settings key, VLLMBackend): this process's engine
 
@@ -67,8 +67,8 @@ def build_rollout_backend(cfg: PPOConfig, policy: Any, tokenizer: Any, accelerat
         return HFBackend(policy.lm, tokenizer, **options)
     if cfg.rollout.rollout_engine != "vllm":
         raise ValueError(f"unknown rollout_engine {cfg.rollout.rollout_engine!r} (expected 'hf' or 'vllm')")
-    set_engine_environment(cfg, accelerator)
-    backend = vllm_engine(engine_model_folder(cfg), vllm_engine_options(cfg, policy, accelerator))
+    set_engine_environment(cfg.rollout.vllm, accelerator)
+    backend = vllm_engine(engine_model_folder(cfg.model), vllm_engine_options(cfg, policy, accelerator))
     check_same_tokenizer(backend.tokenizer, tokenizer)
     backend.tokenizer = tokenizer  # rollouts tokenise prompts and observations with the trainer's tokenizer
     accelerator.wait_for_everyone()  # engines start at different speeds; keep the ranks together
@@ -137,10 +137,10 @@ def sync_rollout_weights(backend: LLMBackend, policy: Any) -> float:
     return time.perf_counter() - start
 
 
-def engine_model_folder(cfg: Any) -> Path:
+def engine_model_folder(model: ModelSettings) -> Path:
     """The folder the actor was loaded from (the SFT policy, else the base model): the engine's
     architecture, config, tokenizer and starting weights."""
-    return resolve_model(cfg.model.name.sft_checkpoint or cfg.model.name.name)
+    return resolve_model(model.sft_checkpoint or model.name)
 
 
 def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[s
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_model_len=settings.max_model_len or cfg.rollout.max_context_tokens + 1,
         seed=cfg.run.seed + accelerator.process_index,
-        trust_remote_code=cfg.model.name.trust_remote_code,
+        trust_remote_code=cfg.model.trust_remote_code,
         dtype=dtype,
         enforce_eager=accelerator.device.type == "cpu" if eager is None else eager,
         enable_prefix_caching=settings.enable_prefix_caching,
@@ -169,7 +169,7 @@ def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[s
     return options
 
 
-def set_engine_environment(cfg: PPOConfig, accelerator: Any) -> None:
+def set_engine_environment(vllm: VLLMSettings, accelerator: Any) -> None:
     """Environment variables vLLM reads when the engine starts (values already set win, except
     the ranks, which must be the trainer's)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights by reference
@@ -177,7 +177,7 @@ def set_engine_environment(cfg: PPOConfig, accelerator: Any) -> None:
         os.environ.update(RANK=str(accelerator.process_index), LOCAL_RANK=str(accelerator.local_process_index),
                           WORLD_SIZE=str(accelerator.num_processes))
     if accelerator.device.type == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.vllm.cpu_kvcache_space_gib))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vllm.cpu_kvcache_space_gib))
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the cores with the trainer
 
 

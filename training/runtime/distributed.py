@@ -17,7 +17,7 @@ import torch.distributed as dist
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-from training.config import ConfigError, PPOConfig
+from training.config import ConfigError, OptimSettings
 
 
 def accelerator_handlers() -> list:
@@ -68,8 +68,8 @@ def uses_deepspeed(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
-def configure_deepspeed(accelerator, cfg: PPOConfig, episodes_per_process: int) -> None:
-    """Set the DeepSpeed config's batch and clipping values from the PPO config before ``prepare``
+def configure_deepspeed(accelerator, optim: OptimSettings, episodes_per_process: int) -> None:
+    """Set the DeepSpeed config's batch and clipping values from the PPO config's ``optim`` section before ``prepare``
     (with no dataloader prepared, accelerate cannot fill their "auto"). The trainer cuts its own
     micro-batches and marks the accumulation boundary itself, so these values are bookkeeping for
     DeepSpeed, except ``gradient_clipping``, which each engine applies in its ``step()``."""
@@ -78,13 +78,13 @@ def configure_deepspeed(accelerator, cfg: PPOConfig, episodes_per_process: int) 
         raise ConfigError("ZeRO-3 is not supported by the PPO trainer: rollouts on the HF backend, the "
                           "reference log-probs and the checkpoints need whole parameters on every process; "
                           "use configs/deepspeed/zero2.json (configs/accelerate/deepspeed_zero2.yaml)")
-    if cfg.optim.micro_batch_tokens > 0:
+    if optim.micro_batch_tokens > 0:
         raise ConfigError("micro_batch_tokens cuts micro-batches of varying counts, and a DeepSpeed engine counts "
                           "its micro-steps: set micro_batch_tokens: 0 (micro_batch_size rows each) under DeepSpeed")
-    rows_per_mini_batch = math.ceil(episodes_per_process / cfg.optim.mini_batches)
-    settings = {"train_micro_batch_size_per_gpu": cfg.optim.micro_batch_size,
-                "gradient_accumulation_steps": math.ceil(rows_per_mini_batch / cfg.optim.micro_batch_size),
-                "gradient_clipping": cfg.optim.max_grad_norm}
+    rows_per_mini_batch = math.ceil(episodes_per_process / optim.mini_batches)
+    settings = {"train_micro_batch_size_per_gpu": optim.micro_batch_size,
+                "gradient_accumulation_steps": math.ceil(rows_per_mini_batch / optim.micro_batch_size),
+                "gradient_clipping": optim.max_grad_norm}
     for key, value in settings.items():
         if ds_config.get(key, "auto") not in ("auto", value):
             raise ConfigError(f"the DeepSpeed config sets {key} to {ds_config[key]!r}, the PPO config implies "
