@@ -88,7 +88,7 @@ def test_with_values_and_changed_fields():
 
 
 def test_an_old_run_folder_resumes_on_its_sft_checkpoint(tmp_path, monkeypatch):
-    from training import ppo_setup
+    from training.ppo_loop import ppo_setup
 
     old = yaml.safe_load(OLD_RUN_CONFIG.read_text())
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**old, "sft_checkpoint": "runs/x/sft/model"}))

@@ -134,7 +134,8 @@ def test_function_local_imports_only_where_listed():
 # the configuration), stacked bottom first. A unit imports only units of lower layers, never one of its
 # own layer nor one above it (function-local imports count too; `if TYPE_CHECKING:` ones do not).
 TRAINING_LAYERS = (
-    ("config", "config_sections"),  # training/config.py: PPOConfig; training/config_sections.py: its sections
+    ("config_sections",),  # training/config_sections.py: the sections of PPOConfig (and the warm start's)
+    ("config",),  # training/config.py: PPOConfig, the root of those sections
     ("algorithm", "runtime", "teachers"),
     ("sft_config",),  # training/sft_config.py: WarmStartConfig (names the scripted teacher's settings)
     ("models",),

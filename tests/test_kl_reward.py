@@ -3,7 +3,6 @@ estimators, nor for verdict rows judged alone), the KL settings that cannot work
 two-way verdicts' exact KL."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -53,8 +52,9 @@ def scored(cfg: PPOConfig) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("advantage", ["grpo", "rloo", "reinforce"])
 def test_kl_in_the_reward_moves_the_outcome_estimators_advantages(advantage):
-    base = dataclasses.replace(default_shape_config(), advantage=advantage, kl_mode="reward", kl_estimator="k1",
-                               kl_coef=0.5, verdict_credit=0.0, cache_frozen_layers=False)
+    base = with_values(default_shape_config(), {
+        "algorithm.advantage": advantage, "algorithm.kl_mode": "reward", "algorithm.kl_estimator": "k1",
+        "algorithm.kl_coef": 0.5, "algorithm.verdict_credit": 0.0, "model.cache_frozen_layers": False})
     with_kl, without = scored(base), scored(with_values(base, {"algorithm.kl_coef": 0.0}))
     E = int((with_kl["owner"] < 0).sum())
     mask = with_kl["model_mask"]

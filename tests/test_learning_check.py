@@ -1,6 +1,5 @@
 """scripts/learning_check.py is a thin driver of the product trainer: its recipe, overrides,
 seeds and summary (the training itself is tests/test_learning.py's job)."""
-import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -22,18 +21,18 @@ def test_recipe_overrides_and_seed_folders(lc, tmp_path):
     cfg = lc.seed_config(args, 3, sft_checkpoint="warm/model")
     assert (cfg.optim.updates, cfg.model.lora.r, cfg.run.seed) == (5, 8, 3)
     assert cfg.run.output_dir == str(tmp_path / "seed3") and cfg.model.sft_checkpoint == "warm/model"
-    assert cfg.env["expand_form"] == "judge" and cfg.env["shuffle_candidates"] is True
+    assert cfg.env.expand_form == "judge" and cfg.env.shuffle_candidates is True
     with pytest.raises(SystemExit):
         lc.seed_config(lc.parse_args(["--no_such_field", "3"]), 0, None)
 
 
 def test_recipe_inherits_the_main_job_setting(tmp_path):
-    from training.config import ConfigError, PPOConfig, load_config
+    from training.config import ConfigError, PPOConfig, load_config, with_values
 
     check = load_config(PPOConfig, ["--config", str(ROOT / "configs" / "ppo" / "learning_check.yaml")])
     main = load_config(PPOConfig, ["--config", str(ROOT / "configs" / "ppo" / "default.yaml")])
-    assert check.output_dir == "runs/learning_check"  # the main job itself: one seed fits ~25 minutes on 2 cores
-    assert dataclasses.replace(check, output_dir=main.output_dir) == main
+    assert check.run.output_dir == "runs/learning_check"  # the main job itself: one seed fits ~25 minutes on 2 cores
+    assert with_values(check, {"run.output_dir": main.run.output_dir}) == main
     (tmp_path / "a.yaml").write_text("base: b.yaml\nupdates: 3\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ConfigError, match="its own base"):

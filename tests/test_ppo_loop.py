@@ -236,9 +236,10 @@ def test_no_config_means_the_embedded_default_recipe():
     assert resolve_argv(["--updates", "2", "--config", "none"]) == ["--updates", "2"]
     assert resolve_argv(["--config=null", "--seed", "3"]) == ["--seed", "3"]
     default = load_config(PPOConfig, resolve_argv([]))
-    assert default.model == "smollm2-135m" and default.lora.enabled and default.sft_checkpoint is None
-    assert default.sft_warm_start and default.eval_questions >= 64 and default.rollout_engine == "hf"
-    assert default.env["expand_form"] == "judge" and default.env["shuffle_candidates"] is True
+    assert default.model.name == "smollm2-135m" and default.model.lora.enabled and default.model.sft_checkpoint is None
+    assert default.warm_start.enabled and default.evaluation.eval_questions >= 64
+    assert default.rollout.rollout_engine == "hf"
+    assert default.env.expand_form == "judge" and default.env.shuffle_candidates is True
 
 
 def test_sft_warm_start_hook(tmp_path, monkeypatch):
@@ -256,7 +257,7 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
     assert retriever == "R" and view is cfg and examples == ["train questions"]  # never the held-out ones
     warm = warm_start_config(cfg)  # a full-fine-tune PPO run gets a full-fine-tune warm start
     assert warm.lora.enabled is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
-    assert warm_start_config(with_values(cfg, {"warm_start": {"epochs": 5, "lora": True}})).epochs == 5
+    assert warm_start_config(with_values(cfg, {"warm_start": {"epochs": 5, "lora": {"enabled": True}}})).epochs == 5
     given = with_values(cfg, {"model.sft_checkpoint": "somewhere"})
     assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
     assert resolve_sft_checkpoint(with_values(cfg, {"warm_start.enabled": False})).model.sft_checkpoint is None

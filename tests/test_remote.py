@@ -165,7 +165,7 @@ def test_training_configs_take_a_retriever_url(server):
     from training.sft import WarmStartConfig, warm_start_config
     from training.sft import load_retriever as sft_retriever
 
-    assert isinstance(ppo_retriever(with_values(PPOConfig, {"data.retriever": server.url})), RemoteRetriever)
+    assert isinstance(ppo_retriever(with_values(PPOConfig, {"data.retriever": server.url}).data), RemoteRetriever)
     assert isinstance(sft_retriever(WarmStartConfig(retriever=server.url)), RemoteRetriever)
     assert warm_start_config(with_values(PPOConfig,
                                          {"data.retriever": server.url, "env_config": None})).retriever == server.url

@@ -144,7 +144,7 @@ def test_paper_ppo_recipe_requires_the_sft_checkpoint():
     assert cfg.warm_start.require_checkpoint and cfg.model.sft_checkpoint == "runs/sft-seeds-r1-paper/model"
     assert not cfg.warm_start.enabled
     assert not PPOConfig().warm_start.require_checkpoint  # the CPU default still warm-starts itself
-    with pytest.raises(ConfigError, match="require_sft_checkpoint"):
+    with pytest.raises(ConfigError, match="require_checkpoint"):
         with_values(PPOConfig, {"warm_start.require_checkpoint": True})
 
 

@@ -340,7 +340,7 @@ def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
     monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "home-cache"))
     spec = f"web:searxng:{web.url}?rps=0&fetch_rps=0&max_page_bytes=100000&private_pages=true"
     assert isinstance(open_run_retriever(spec, None), WebRetriever)
-    assert isinstance(load_ppo_retriever(with_values(PPOConfig, {"data.retriever": spec})),
+    assert isinstance(load_ppo_retriever(with_values(PPOConfig, {"data.retriever": spec}).data),
                       WebRetriever)  # --retriever of training/ppo.py
     data = tmp_path / "qa.jsonl"
     data.write_text(json.dumps({"id": "a", "question": "What is the capital of France?",
