@@ -11,7 +11,7 @@ import torch
 from tests.test_frozen_prefix import logprobs_and_grads, lora_actor
 from tests.test_ppo_loop import probe
 from tests.tiny_models import tiny_tokenizer
-from training.config import ConfigError, PPOConfig
+from training.config import ConfigError, PPOConfig, with_values
 from training.models.compiled_layers import compile_trained_layers, trained_layer_indices
 from training.models.frozen_prefix import decoder_of, frozen_depth, prefix_hidden
 
@@ -39,5 +39,5 @@ def test_compiled_top_layers_match_eager_log_probs_and_gradients():
 
 def test_compiled_layers_refuse_an_unmerged_hf_rollout():
     with pytest.raises(ConfigError, match="rollout_merge_lora"):
-        PPOConfig(compile_trained_layers=True, rollout_merge_lora=False)
-    PPOConfig(compile_trained_layers=True)  # merged rollout copy: allowed
+        with_values(PPOConfig, {"model.compile_trained_layers": True, "rollout.rollout_merge_lora": False})
+    with_values(PPOConfig, {"model.compile_trained_layers": True})  # merged rollout copy: allowed
