@@ -8,18 +8,17 @@ later updates; the first one is printed apart. The work is printed beside the ti
 rows, real and model tokens trained, optimizer steps), so that a faster arm is seen not to do less.
 
     python scripts/bench_update.py --sft_checkpoint runs/ppo-default/sft/model \\
-        [--updates 3] [--new --compile_trained_layers true ...]
+        [--updates 3] [--new --model.compile_trained_layers true ...]
 
 ``--sft_checkpoint`` defaults to the warm start the main job trains (taken from the warm-start
 cache after the first run). Everything after ``--new`` is the faster arm's overrides
-(``--section.field value``); default: ``--compile_trained_layers true``. Last line:
+(``--section.field value``); default: ``--model.compile_trained_layers true``. Last line:
 ``update_speedup=<baseline seconds per update / new seconds per update>``. Run it alone on the
 machine: two torch jobs on the same cores distort both arms.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -31,14 +30,15 @@ from training.ppo_loop.ppo_score import score
 from training.ppo_loop.ppo_setup import resolve_sft_checkpoint, set_up
 from training.runtime.inputs import next_questions
 
-DEFAULT_NEW = ["--compile_trained_layers", "true"]
+DEFAULT_NEW = ["--model.compile_trained_layers", "true"]
 
 
 def arm_config(sft_checkpoint: str | None, overrides: list[str], out: str) -> PPOConfig:
-    argv = ["--config", "configs/ppo/default.yaml", "--eval_questions", "0", "--output_dir", out,
-            "--export", "false", "--cache_warm_start", "true", *overrides]
-    cfg = load_config(PPOConfig, argv)
-    return dataclasses.replace(cfg, sft_checkpoint=sft_checkpoint) if sft_checkpoint else cfg
+    argv = ["--config", "configs/ppo/default.yaml", "--evaluation.eval_questions", "0", "--run.output_dir", out,
+            "--run.export", "false", "--warm_start.cache", "true", *overrides]
+    if sft_checkpoint:
+        argv += ["--model.sft_checkpoint", sft_checkpoint]
+    return load_config(PPOConfig, argv)
 
 
 def time_updates(cfg: PPOConfig, updates: int) -> list[dict[str, float]]:
@@ -46,7 +46,8 @@ def time_updates(cfg: PPOConfig, updates: int) -> list[dict[str, float]]:
     run, _ = set_up(cfg, None, None, None, None, None)
     rows = []
     for update in range(updates):
-        questions = next_questions(run.examples, update * cfg.questions_per_update, cfg.questions_per_update, cfg.seed)
+        count = cfg.rollout.questions_per_update
+        questions = next_questions(run.examples, update * count, count, cfg.run.seed)
         t0 = time.perf_counter()
         episodes, _, _ = collect(run, questions, update)
         t1 = time.perf_counter()
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=3, help="updates per arm (the first is not in the speedup)")
     parser.add_argument("--out", default="/tmp/seeds-bench-update", help="scratch run folders")
     args = parser.parse_args(argv)
-    checkpoint = args.sft_checkpoint or resolve_sft_checkpoint(arm_config(None, [], f"{args.out}/ws")).sft_checkpoint
+    checkpoint = args.sft_checkpoint
+    if not checkpoint:  # the main job's warm start (trained once, then from the warm-start cache)
+        checkpoint = resolve_sft_checkpoint(arm_config(None, [], f"{args.out}/ws")).model.sft_checkpoint
     results = {}
     for name, overrides in (("today", []), ("new", new)):
         print(f"[bench_update] {name}: {' '.join(overrides) or '(the default recipe)'}", flush=True)
