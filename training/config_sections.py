@@ -365,9 +365,11 @@ class WarmStartSettings:
     max_length: int = 2048
     dev_eval: bool = False
     eval_before: bool = False
+    dev_limit: int | None = 100  # dev questions evaluated at most (None: all of them)
+    eval_max_turn_tokens: int = 256  # dev evaluation: new tokens at most per model turn
     lora: dict[str, Any] = field(  # overrides of the PPO run's model.lora for the warm start (--warm_start.lora.r 8)
         default_factory=dict, metadata={OVERRIDES: LoraSettings})
-    other: dict[str, Any] = field(  # any other WarmStartConfig field (--warm_start.other.dev_limit 50)
+    other: dict[str, Any] = field(  # any other WarmStartConfig field (--warm_start.other.teacher_llm hf:...)
         default_factory=dict, metadata={OVERRIDES: "training.sft_config:WarmStartConfig"})
 
     def __post_init__(self) -> None:
