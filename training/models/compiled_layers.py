@@ -29,12 +29,11 @@ def trained_layer_indices(lm: nn.Module) -> list[int]:
 def compile_trained_layers(lm: nn.Module) -> list[int]:
     """Replace the ``forward`` of every trained decoder layer of ``lm`` by ``torch.compile`` of it
     (dynamic shapes); returns the compiled layers' indices. Compiling twice is a no-op."""
-    layers = decoder_of(lm).layers if trained_layer_indices(lm) else []
-    compiled = []
-    for index in trained_layer_indices(lm):
+    indices = trained_layer_indices(lm)
+    layers = decoder_of(lm).layers if indices else []
+    for index in indices:
         layer = layers[index]
         if not getattr(layer, "_seeds_compiled", False):
             layer.forward = torch.compile(layer.forward, dynamic=True)
             layer._seeds_compiled = True
-        compiled.append(index)
-    return compiled
+    return indices
