@@ -8,7 +8,7 @@ Dataclass defaults, then the YAML recipe given by ``--config``, then ``--key val
 ``null``). A bare ``--flag`` sets a boolean field to true. Unknown keys raise :class:`ConfigError`
 (a ``ValueError``). A recipe may start from another (``base: default.yaml``, relative to its
 folder) and state only what differs. Used by every config of the project: ``EnvConfig``,
-``PPOConfig``, ``WarmStartConfig``, the evaluation CLI's ``--config`` and its ``--env.<key>``.
+``PPOConfig``, ``WarmStartConfig`` and the evaluation config (``inference.eval_config.EvalConfig``).
 
 A config class may rename its old keys with a classmethod ``upgrade_keys(values) -> values``
 (:func:`upgrade`; ``PPOConfig``'s reads the flat names of the PPO config before its sections),
@@ -346,42 +346,6 @@ def help_text(cls: type) -> str:
     """``--help`` of a config: every field (:func:`config_help`)."""
     return (f"options of {cls.__name__} (--key value or --key=value; nested with dots; values are YAML scalars; "
             f"--config recipe.yaml first):\n{config_help(cls)}")
-
-
-def section_pairs(argv: list[str], section: str) -> list[str]:
-    """``argv`` with each ``--<section>.key value`` (or ``--<section>.key=value``, or a bare boolean
-    ``--<section>.key``) written as ``--<section> key=value`` (a bare flag: ``key=true``), in place,
-    for a command line that argparse reads (evaluation's ``--env.max_actions 6`` is its
-    ``--env max_actions=6``). The value is the next argument unless it starts with ``--``, as in
-    :func:`parse_overrides`; :func:`section_values` reads the pairs."""
-    out, i, lead = [], 0, f"--{section}."
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if not arg.startswith(lead):
-            out.append(arg)
-            continue
-        key, eq, text = arg[len(lead):].partition("=")
-        if not key:
-            raise ConfigError(f"expected {lead}key value, got {arg!r}")
-        if not eq:
-            if i < len(argv) and not argv[i].startswith("--"):
-                text, i = argv[i], i + 1
-            else:
-                text = "true"  # a bare flag
-        out += [f"--{section}", f"{key}={text}"]
-    return out
-
-
-def section_values(pairs: list[str] | None, section: str) -> dict[str, Any]:
-    """``["max_actions=6", "reward.format_penalty=0.2"]`` -> ``{"max_actions": 6, "reward":
-    {"format_penalty": 0.2}}``: each pair read as ``--<section>.key=value`` by :func:`parse_overrides`
-    (YAML scalar values, ``-`` in keys read as ``_``), later pairs over earlier ones."""
-    bad = [pair for pair in pairs or [] if "=" not in pair or not pair.partition("=")[0]]
-    if bad:
-        raise ConfigError(f"--{section} expects key=value, got {bad[0]!r}")
-    _, values = parse_overrides([f"--{section}.{pair}" for pair in pairs or []])
-    return values.get(section, {})
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

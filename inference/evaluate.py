@@ -1,25 +1,29 @@
 """Evaluate a method in the search environment.
 
-    python -m inference.evaluate --method seeds-react --data data/hotpot.jsonl --limit 500 \\
-        --llm hf:/models/qwen --index indexes/wiki18-e5 --out runs/seeds-react-hotpot
-    python -m inference.evaluate --method vanilla-rag --limit 20 --out runs/rag   # embedded default
+    python -m inference.evaluate --method.name seeds-react --data.path data/hotpot.jsonl --data.limit 500 \\
+        --model.name hf:/models/qwen --data.index indexes/wiki18-e5 --run.output_dir runs/seeds-react-hotpot
+    python -m inference.evaluate --method.name vanilla-rag --data.limit 20 --run.output_dir runs/rag  # embedded default
+    python -m inference.evaluate --config configs/eval/seeds_react_default.yaml --env.max_actions 6
     python -m inference.evaluate --compare runs/rag runs/seeds-react   # paired bootstrap -> runs/rag/compare.json
     accelerate launch --multi_gpu --num_processes 8 -m inference.evaluate ...   # data-parallel: one engine per GPU
 
-Without ``--data``, ``--llm`` and ``--index`` it runs on the embedded default: questions
-generated from the Wikipedia-summaries corpus, SmolLM2-135M-Instruct (hf backend) and the default
-MiniLM index (built on first use). Agent turns are guided to the method's action format on the hf
-and vllm backends unless ``--no-guided-actions``. Predictions are appended to ``<out>/predictions.jsonl`` as they
-finish, so a killed run resumes where it stopped; ``metrics.json`` and ``config.json`` sit beside, and
-``config.yaml``, the same settings in the form training writes (old run folders with ``config.json``
-alone still resume, merge and compare). Env settings are ``--env.<field> value`` as in training
-(``--env.max_actions 6``, ``--env.reward.positive_opened_bonus 0.2``) or ``--env field=value``.
-Under a launcher (or with ``--shard i/n``) each process runs its shard of the questions into the
-same folder (:mod:`inference.shards`).
+Settings are one typed tree (:mod:`inference.eval_config`): ``--section.field value`` over a
+``--config`` YAML over the defaults, as in training (``--env.max_actions 6``,
+``--env.reward.positive_opened_bonus 0.2``, ``--method.options.max_tokens 128``). Without
+``data.path``, ``model.name`` and ``data.index`` it runs on the embedded default: questions generated
+from the Wikipedia-summaries corpus, SmolLM2-135M-Instruct (hf backend) and the default MiniLM index
+(built on first use). Agent turns are guided to the method's action format on the hf and vllm
+backends unless ``--model.guided_actions false``. Predictions are appended to
+``<run.output_dir>/predictions.jsonl`` as they finish, so a killed run resumes where it stopped;
+``metrics.json``, ``config.json`` and ``config.yaml`` (the same record) sit beside (old run folders
+with ``config.json`` alone still resume, merge and compare). Under a launcher (or with
+``--run.shard i/n``) each process runs its shard of the questions into the same folder
+(:mod:`inference.shards`). Actions: ``--compare RUN [RUN ...]`` prints runs side by side and pairs
+each with the first (``--run.output_dir``: where compare.json goes); ``--merge`` merges the shards
+of ``--run.output_dir``.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -32,24 +36,16 @@ from tqdm import tqdm
 
 import methods
 from envs.atomic import write_json_atomic, write_text_atomic
-from envs.config import EnvConfig
 from envs.data import load_questions
 from envs.question_match import QuestionMismatchError, check_same_questions, question_digest, record_digests
 from envs.retrieval.defaults import open_run_retriever
-from envs.typed_config import ConfigError, config_help, read_recipe, section_pairs
+from envs.typed_config import help_text
 from inference.backends import load_backend
-from inference.backends.chat import THINKING_MODES
 from inference.compare import CompareError, compare_runs, format_comparison
+from inference.eval_config import DEFAULT_LLM, Actions, DataSettings, EvalConfig, RunSettings, config_or_exit
 from inference.predictions import PredictionsFileError, PredictionWriter, load_predictions
 from inference.run_metrics import format_table, summarize, with_current_names
-from inference.run_setup import (
-    DEFAULT_LLM,
-    backend_options,
-    build_env,
-    build_method,
-    parse_options,
-    resolve_guided_actions,
-)
+from inference.run_setup import backend_options, build_env, build_method, resolve_guided_actions
 from inference.shards import (
     clear_shards,
     merge_run,
@@ -61,111 +57,40 @@ from inference.shards import (
     shard_files,
     write_plan,
 )
-from methods.budgets import PRESETS
 from methods.runner import run_questions_sync
 
 DEFAULT_QUESTIONS = 100
-ENV_HELP_HEAD = ("env settings (--env.KEY VALUE, as in training, or --env KEY=VALUE), over the method's paper "
-                 "limits and --env-config;\ndefaults are EnvConfig's own (a method sets its limits over them):\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m inference.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=ENV_HELP_HEAD
-                                     + config_help(EnvConfig, prefix="env."))
-    parser.add_argument("--config", help="YAML file of these options (command-line flags override it)")
-    parser.add_argument("--method", help="a registered method: " + ", ".join(_methods()))
-    parser.add_argument("--method-option", action="append", metavar="KEY=VALUE", help="e.g. k=3 (repeatable)")
-    parser.add_argument("--variant", help="a method's variant or ablation, e.g. seek: parallel_filling, plan, update, "
-                                          "no_iter_retrieval, no_initialization; kair: qa_with_docs_only, "
-                                          "qa_with_index_only, no_index, no_evolving; maps: no_retrieval_direction, "
-                                          "no_parallel, no_disentanglement, single_call (same as --method-option "
-                                          "variant=...)")
-    parser.add_argument("--budget", choices=PRESETS, help="generation-budget preset: small (the methods' defaults), "
-                        "paper (the papers' settings), thinking (reasoning models); --method-option values win")
-    parser.add_argument("--greedy", action="store_true",
-                        help="greedy decoding under any --budget preset (the default without one); same as "
-                             "--method-option temperature=0 top_p=1 top_k=0")
-    parser.add_argument("--dataset", help="the dataset's name when --data does not say it (e.g. nq, hotpotqa): "
-                                          "--budget paper picks per-dataset search caps by it (default: the --data "
-                                          "file or hub name)")
-    parser.add_argument("--thinking", choices=tuple(THINKING_MODES), default="auto",
-                        help="the chat template's enable_thinking switch: on, off, or auto (the template's default)")
-    parser.add_argument("--data", help="FlashRAG JSONL / HotpotQA JSON path, or a Hugging Face dataset name")
-    parser.add_argument("--split", default="test", help="split of a hub dataset (default test)")
-    parser.add_argument("--limit", type=int, help=f"first N questions (default questions: {DEFAULT_QUESTIONS}); "
-                                                  f"rerun with a larger N to extend a run")
-    parser.add_argument("--sample", type=int, metavar="N", help="N questions drawn at random with --seed (a larger N "
-                                                                "keeps the smaller sample's questions and adds more)")
-    parser.add_argument("--llm", help=f"backend:model, e.g. hf:smollm2-135m, vllm:/models/x, openai:gpt-4o-mini "
-                                      f"(default {DEFAULT_LLM})")
-    parser.add_argument("--llm-option", action="append", metavar="KEY=VALUE",
-                        help="backend options, e.g. max_batch_size=8 or base_url=http://127.0.0.1:8000/v1")
-    parser.add_argument("--index", help="index directory from scripts/build_index.py (default: embedded)")
-    parser.add_argument("--corpus", help="corpus file, when it moved since the index was built")
-    parser.add_argument("--retriever", metavar="URL", help="a retrieval server (python -m envs.retrieval.server), e.g. "
-                                                           "http://127.0.0.1:8000, instead of --index")
-    parser.add_argument("--env-config", help="YAML env recipe over the method's paper limits (see --env)")
-    parser.add_argument("--env", action="append", metavar="KEY=VALUE",
-                        help="an env setting over the method's paper limits and --env-config, e.g. "
-                             "candidates_per_search=3, max_obs_tokens=2400, preview.max_tokens=40 (repeatable); "
-                             "or, as in training, --env.KEY VALUE: --env.max_obs_tokens 2400 (every key below)")
-    parser.add_argument("--out", help="run folder (predictions.jsonl, metrics.json, config.json, config.yaml)")
-    parser.add_argument("--guided-actions", action=argparse.BooleanOptionalAction, default=None,
-                        help="constrain each agent turn to free text then one well-formed action of the method's "
-                             "format (grammar-guided decoding); default: on for methods with an action format on "
-                             "the hf and vllm backends")
-    parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-llm-calls", type=int, default=None,
-                        help="per question (default: 64; MAPS: room for all its iterations, e.g. 81 for 10 "
-                             "iterations with preview admission)")
-    parser.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
-    parser.add_argument("--wandb", action="store_true", help="log to Weights & Biases (offline without a key)")
-    parser.add_argument("--wandb-project", default="seeds-rl")
-    parser.add_argument("--compare", nargs="+", metavar="RUN",
-                        help="print these runs' metrics side by side, then each run against the first: paired "
-                             "bootstrap 95%% intervals of the differences (also in compare.json in --out, "
-                             "default the first run's folder)")
-    parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based) of the questions into --out "
-                                                       "(under torchrun / accelerate launch: from RANK/WORLD_SIZE)")
-    parser.add_argument("--merge", action="store_true", help="merge the shards of --out into predictions.jsonl and "
-                                                             "write metrics.json (the last shard to finish does it)")
-    return parser
+def usage() -> str:
+    """``--help``: this module's docstring, the registered methods, every field of the config."""
+    return (f"usage: python -m inference.evaluate [--config recipe.yaml] [--section.field value ...] "
+            f"[--compare RUN ...] [--merge]\n{__doc__}\nmethods: {', '.join(methods.available())}\n\n"
+            f"{help_text(EvalConfig)}")
 
 
-def _methods() -> list[str]:
-    return methods.available()
+def resolve_args(argv: list[str] | None) -> EvalConfig:
+    """The run's config from a command line without actions (:func:`resolve_command` takes those)."""
+    actions, cfg = resolve_command(argv)
+    if actions.compare or actions.merge:
+        raise SystemExit("--compare and --merge are actions: run them through main()")
+    return cfg
 
 
-def resolve_args(argv: list[str] | None) -> argparse.Namespace:
-    """Command line over ``--config`` YAML over defaults (the TRL recipe convention)."""
-    parser = build_parser()
-    try:  # training's --env.max_actions 6 is --env max_actions=6 here: one list, read by one reader
-        argv = section_pairs(list(sys.argv[1:] if argv is None else argv), "env")
-    except ConfigError as err:
-        parser.error(str(err))
-    args = parser.parse_args(argv)
-    if args.config:
-        try:
-            recipe = read_recipe(Path(args.config))  # the project's one recipe reader (`base:` allowed)
-        except ConfigError as err:
-            raise SystemExit(f"--config: {err}") from err
-        known = {a.dest for a in parser._actions}
-        unknown = {k.replace("-", "_") for k in recipe} - known
-        if unknown:
-            raise SystemExit(f"{args.config}: unknown option(s) {sorted(unknown)}")
-        parser.set_defaults(**{k.replace("-", "_"): v for k, v in recipe.items()})
-        args = parser.parse_args(argv)
-    if isinstance(args.thinking, bool) or args.thinking is None:  # YAML reads `thinking: off` as False
-        args.thinking = {True: "on", False: "off", None: "auto"}[args.thinking]
-    if args.thinking not in THINKING_MODES:
-        parser.error(f"--thinking must be one of {tuple(THINKING_MODES)}, not {args.thinking!r}")
-    if args.merge and not args.out:
-        parser.error("--merge needs --out")
-    if not args.compare and not args.merge and (not args.method or not args.out):
-        parser.error("--method and --out are required (or --compare RUN [RUN ...], or --merge --out RUN)")
-    return args
+def resolve_command(argv: list[str] | None) -> tuple[Actions, EvalConfig]:
+    """The actions and the config of a command line: defaults < ``--config`` YAML < ``--section.field``
+    (the TRL recipe convention; :func:`inference.eval_config.config_or_exit`), checked for what a run needs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        print(usage())
+        raise SystemExit(0)
+    actions, cfg = config_or_exit(argv)
+    if actions.merge and not cfg.run.output_dir:
+        raise SystemExit("--merge needs --run.output_dir")
+    if not actions.compare and not actions.merge and (not cfg.method.name or not cfg.run.output_dir):
+        raise SystemExit("--method.name and --run.output_dir are required (or --compare RUN [RUN ...], or --merge "
+                         "--run.output_dir RUN); --help lists every option")
+    return actions, cfg
 
 
 NOT_IDENTITY = ("limit", "sample")  # how many questions: a rerun with more extends the run
@@ -174,27 +99,29 @@ ADDED_KEYS = {"guided_actions": False, "sample": None, "sampling": GREEDY_RECORD
 # some run folders: their value then
 
 
-def run_config(args: argparse.Namespace, method, env_config) -> dict:
+def run_config(cfg: EvalConfig, method, env_config) -> dict:
     """What defines the run: a resumed run must match it, except ``NOT_IDENTITY`` (budget and
-    thinking only when set, so runs from before those flags still resume)."""
+    thinking only when set, so runs from before those settings still resume). The record's keys
+    are those of every earlier version (``llm``, ``index``, ...), so old run folders resume."""
+    data, seed = cfg.data, cfg.run.seed
     return {
-        "method": args.method,
+        "method": cfg.method.name,
         "method_options": method.options(),
-        "data": args.data or f"default-questions(seed={args.seed})",
-        "split": args.split,
-        "limit": args.limit,
-        "sample": args.sample,
-        "guided_actions": bool(args.guided_actions),
-        "llm": args.llm or DEFAULT_LLM,
-        "llm_options": parse_options(args.llm_option, "--llm-option"),
-        "index": args.retriever or args.index or "default",
+        "data": data.path or f"default-questions(seed={seed})",
+        "split": data.split,
+        "limit": data.limit,
+        "sample": data.sample,
+        "guided_actions": bool(cfg.model.guided_actions),
+        "llm": cfg.model.name,
+        "llm_options": dict(cfg.model.options),
+        "index": data.retriever or data.index or "default",
         "env": dataclasses.asdict(env_config),
-        "seed": args.seed,
-        "max_llm_calls": args.max_llm_calls,
-        "sampling": method.sampling().record(args.seed),
-        **({"dataset": args.dataset} if getattr(args, "dataset", None) else {}),
-        **({"budget": args.budget} if args.budget else {}),
-        **({"thinking": args.thinking} if args.thinking != "auto" else {}),
+        "seed": seed,
+        "max_llm_calls": cfg.method.max_llm_calls,
+        "sampling": method.sampling().record(seed),
+        **({"dataset": data.dataset} if data.dataset else {}),
+        **({"budget": cfg.method.budget} if cfg.method.budget else {}),
+        **({"thinking": cfg.model.thinking} if cfg.model.thinking != "auto" else {}),
     }
 
 
@@ -211,22 +138,22 @@ def seeded_sample(examples: list, n: int, seed: int) -> list:
     """``n`` of ``examples`` drawn at random with ``seed``, in their file order. The draw is a prefix
     of one seeded permutation, so a larger ``n`` keeps every question of a smaller one."""
     if n < 1:
-        raise SystemExit(f"--sample must be at least 1, not {n}")
+        raise SystemExit(f"data.sample must be at least 1, not {n}")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     return [examples[i] for i in sorted(order[:n])]
 
 
-def load_examples(args: argparse.Namespace):
-    """The run's questions: the first ``--limit``, or ``--sample`` N drawn with ``--seed``."""
-    if args.sample is not None and args.limit is not None:
-        raise SystemExit("give --limit (the first N questions) or --sample (N at random), not both")
-    if args.data:
-        examples = load_questions(args.data, split=args.split, limit=args.limit)
-        if args.sample is not None:
-            examples = seeded_sample(examples, args.sample, args.seed)
+def load_examples(data: DataSettings, seed: int):
+    """The run's questions: the first ``data.limit``, or ``data.sample`` N drawn with ``seed``."""
+    if data.sample is not None and data.limit is not None:
+        raise SystemExit("give data.limit (the first N questions) or data.sample (N at random), not both")
+    if data.path:
+        examples = load_questions(data.path, split=data.split, limit=data.limit)
+        if data.sample is not None:
+            examples = seeded_sample(examples, data.sample, seed)
     else:  # generated questions are a random draw already
-        examples = load_questions(None, limit=args.sample or args.limit or DEFAULT_QUESTIONS, seed=args.seed)
+        examples = load_questions(None, limit=data.sample or data.limit or DEFAULT_QUESTIONS, seed=seed)
     ids = [e.id for e in examples]
     duplicates = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
     if duplicates:
@@ -234,9 +161,10 @@ def load_examples(args: argparse.Namespace):
     return examples
 
 
-def load_retriever(args: argparse.Namespace):
-    """``--retriever URL`` (a retrieval server), else ``--index`` (a folder or a URL), else the default."""
-    return open_run_retriever(args.retriever, args.index, args.corpus)
+def load_retriever(data: DataSettings):
+    """``data.retriever`` (a retrieval server or web search), else ``data.index`` (a folder or a URL),
+    else the default."""
+    return open_run_retriever(data.retriever, data.index, data.corpus)
 
 
 def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
@@ -255,7 +183,7 @@ def prepare_run_dir(out: Path, config: dict, overwrite: bool) -> list[dict]:
         if previous != current:
             changed = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
             raise SystemExit(f"{out} holds a run with a different configuration ({', '.join(changed)}); "
-                             f"use another --out or --overwrite")
+                             f"use another --run.output_dir or --run.overwrite true")
     write_run_config(config, out)
     return load_predictions(out / "predictions.jsonl")
 
@@ -268,43 +196,52 @@ def write_run_config(config: dict, out: Path) -> None:
     write_text_atomic(yaml.safe_dump(plain, sort_keys=False, allow_unicode=True), out / "config.yaml")
 
 
-def evaluate(args: argparse.Namespace) -> dict | None:
+def resolved(cfg: EvalConfig, method) -> EvalConfig:
+    """``cfg`` with what the method decides when the config leaves it open: guided actions and the
+    cap on LLM calls per question."""
+    guided = resolve_guided_actions(cfg.model, cfg.method.budget, method)
+    calls = method.llm_call_cap() if cfg.method.max_llm_calls is None else cfg.method.max_llm_calls
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, guided_actions=guided),
+                               method=dataclasses.replace(cfg.method, max_llm_calls=calls))
+
+
+def evaluate(cfg: EvalConfig) -> dict | None:
     """Run (or resume) this process's shard of the questions; the process that completes the run
     merges the shards and returns the metrics (None from the others)."""
+    run = cfg.run
     try:
-        shard = resolve_shard(args.shard)
+        shard = resolve_shard(run.shard)
     except ValueError as err:
         raise SystemExit(str(err)) from err
-    if shard.sharded and args.overwrite:
-        raise SystemExit(f"--overwrite with {shard.world} processes would race between them: clear the run once "
-                         f"(rm -r {args.out}) or use another --out")
+    if shard.sharded and run.overwrite:
+        raise SystemExit(f"run.overwrite with {shard.world} processes would race between them: clear the run once "
+                         f"(rm -r {run.output_dir}) or use another run.output_dir")
     pin_devices(shard)  # before any engine touches CUDA
-    method = build_method(args)
-    args.guided_actions = resolve_guided_actions(args, method)
-    if args.max_llm_calls is None:
-        args.max_llm_calls = method.llm_call_cap()
-    base_env = build_env(args, method)
-    config = run_config(args, method, base_env)
-    out = Path(args.out)
-    prepare_run_dir(out, config, args.overwrite)
-    examples = load_examples(args)
+    method = build_method(cfg.method)
+    cfg = resolved(cfg, method)
+    base_env = build_env(cfg, method)
+    config = run_config(cfg, method, base_env)
+    out = Path(str(run.output_dir))
+    prepare_run_dir(out, config, run.overwrite)
+    examples = load_examples(cfg.data, run.seed)
     ids = [e.id for e in examples]
     own = predictions_file(out, shard)
     done = {r["id"] for r in checked_run_records(out, own, examples)}
     mine = shard.take(examples)
     todo = [e for e in mine if e.id not in done]
     where = f" [shard {shard}]" if shard.sharded else ""
-    print(f"{args.method}{where}: {len(mine)} questions, {len(mine) - len(todo)} already done, {len(todo)} to run "
+    name = cfg.method.name
+    print(f"{name}{where}: {len(mine)} questions, {len(mine) - len(todo)} already done, {len(todo)} to run "
           f"-> {out}", file=sys.stderr)
     write_plan(out, ids, {e.id: question_digest(e.question) for e in examples})
     if todo:
-        run_shard(args, config, method, base_env, todo, own, position=shard.local_rank if shard.sharded else None)
+        run_shard(cfg, config, method, base_env, todo, own, position=shard.local_rank if shard.sharded else None)
     records, missing = merged_records(out, ids)
     if missing:
-        print(f"{args.method}{where}: done; {len(missing)} questions are still running in other shards (the last "
-              f"process to finish merges; or run --merge --out {out})", file=sys.stderr)
+        print(f"{name}{where}: done; {len(missing)} questions are still running in other shards (the last "
+              f"process to finish merges; or run --merge --run.output_dir {out})", file=sys.stderr)
         return None
-    return finish_run(args, config, records)
+    return finish_run(run, config, records)
 
 
 def checked_run_records(out: Path, own: Path | None, examples: list) -> list[dict]:
@@ -315,27 +252,27 @@ def checked_run_records(out: Path, own: Path | None, examples: list) -> list[dic
         check_same_questions(record_digests(records), {e.id: question_digest(e.question) for e in examples},
                              f"the predictions in {out}", "this run's questions")
     except (QuestionMismatchError, PredictionsFileError) as err:
-        raise SystemExit(f"{err}; use another --out or --overwrite") from err
+        raise SystemExit(f"{err}; use another --run.output_dir or --run.overwrite true") from err
     return records
 
 
-def run_shard(args: argparse.Namespace, config: dict, method, base_env, todo: list, path: Path,
+def run_shard(cfg: EvalConfig, config: dict, method, base_env, todo: list, path: Path,
               position: int | None = None) -> None:
     """Run ``todo`` and append their predictions to ``path`` as they finish."""
     try:
-        llm = load_backend(args.llm or DEFAULT_LLM, **backend_options(args, config["llm_options"]))
-    except ValueError as err:  # a bad spec or setting (e.g. --thinking for a template without the switch)
-        raise SystemExit(f"--llm {args.llm or DEFAULT_LLM}: {err}") from err
-    retriever = load_retriever(args)
-    bar = tqdm(total=len(todo), desc=args.method, unit="q", position=position)
+        llm = load_backend(cfg.model.name, **backend_options(cfg.model, cfg.run.concurrency))
+    except ValueError as err:  # a bad spec or setting (e.g. thinking for a template without the switch)
+        raise SystemExit(f"model.name {cfg.model.name}: {err}") from err
+    retriever = load_retriever(cfg.data)
+    bar = tqdm(total=len(todo), desc=cfg.method.name, unit="q", position=position)
     with PredictionWriter(path, {r["id"] for r in load_predictions(path)}) as writer:
         def on_result(record: dict) -> None:
             writer.write(record)
             bar.update(1)
 
-        run_questions_sync(method, todo, llm, retriever, base_env, concurrency=args.concurrency,
-                           seed=args.seed, max_llm_calls=args.max_llm_calls, on_result=on_result,
-                           guided_actions=args.guided_actions)
+        run_questions_sync(method, todo, llm, retriever, base_env, concurrency=cfg.run.concurrency,
+                           seed=cfg.run.seed, max_llm_calls=cfg.method.max_llm_calls, on_result=on_result,
+                           guided_actions=bool(cfg.model.guided_actions))
     bar.close()
     llm.close()
 
@@ -349,15 +286,15 @@ def count_unit(config: dict) -> str:
     return "words" if kind == "openai" and not named else "tokens"
 
 
-def finish_run(args: argparse.Namespace, config: dict, records: list[dict]) -> dict:
+def finish_run(run: RunSettings, config: dict, records: list[dict]) -> dict:
     """``metrics.json`` of the run's records (in question order), the printed table, W&B."""
     metrics = summarize(records)
     metrics["sampling"] = config.get("sampling", GREEDY_RECORD)  # the decoding these figures came from
     metrics["count_unit"] = count_unit(config)  # what observation caps and doc_tokens counted
-    write_json_atomic(metrics, Path(args.out) / "metrics.json")
+    write_json_atomic(metrics, Path(str(run.output_dir)) / "metrics.json")
     print(format_table({config["method"]: metrics}))
-    if args.wandb:
-        log_to_wandb(args, config, metrics, records)
+    if run.report_to == "wandb":
+        log_to_wandb(run, config, metrics, records)
     return metrics
 
 
@@ -369,9 +306,9 @@ def merged_records(out: Path, ids: list[str]) -> tuple[list[dict], list[str]]:
         raise SystemExit(str(err)) from err
 
 
-def merge(args: argparse.Namespace) -> dict:
+def merge(run: RunSettings) -> dict:
     """``--merge``: the run's shards into ``predictions.jsonl`` and its ``metrics.json``."""
-    out = Path(args.out)
+    out = Path(str(run.output_dir))
     try:
         ids = read_plan(out)
     except FileNotFoundError as err:
@@ -380,17 +317,17 @@ def merge(args: argparse.Namespace) -> dict:
     if missing:
         raise SystemExit(f"{out}: {len(missing)} of {len(ids)} questions have no prediction yet (e.g. {missing[:3]}); "
                          "run the launch again (it resumes) before merging")
-    return finish_run(args, json.loads((out / "config.json").read_text()), records)
+    return finish_run(run, json.loads((out / "config.json").read_text()), records)
 
 
-def log_to_wandb(args: argparse.Namespace, config: dict, metrics: dict, records: list[dict]) -> None:
+def log_to_wandb(settings: RunSettings, config: dict, metrics: dict, records: list[dict]) -> None:
     try:
         import wandb
     except ImportError as err:
-        raise SystemExit("--wandb needs the wandb package: pip install wandb") from err
+        raise SystemExit("run.report_to wandb needs the wandb package: pip install wandb") from err
     mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    run = wandb.init(project=args.wandb_project, name=Path(args.out).name, config=config, mode=mode,
-                     dir=str(Path(args.out)))
+    out = Path(str(settings.output_dir))
+    run = wandb.init(project=settings.wandb_project, name=out.name, config=config, mode=mode, dir=str(out))
     run.summary.update({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     table = wandb.Table(columns=["id", "question", "prediction", "golden_answers", "em", "searches", "docs_read"])
     for r in records[:500]:
@@ -399,7 +336,7 @@ def log_to_wandb(args: argparse.Namespace, config: dict, metrics: dict, records:
     run.log({"predictions": table})
     run.finish()
     if mode == "offline":
-        print(f"W&B: no WANDB_API_KEY, logged offline under {Path(args.out) / 'wandb'}; upload with `wandb sync`",
+        print(f"W&B: no WANDB_API_KEY, logged offline under {out / 'wandb'}; upload with `wandb sync`",
               file=sys.stderr)
 
 
@@ -432,16 +369,16 @@ def compare_paired(runs: list[str], out: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = resolve_args(argv)
-    if args.compare:
-        print(compare(args.compare))
-        if len(args.compare) > 1:
-            print("\n" + compare_paired(args.compare, args.out))
+    actions, cfg = resolve_command(argv)
+    if actions.compare:
+        print(compare(actions.compare))
+        if len(actions.compare) > 1:
+            print("\n" + compare_paired(actions.compare, cfg.run.output_dir))
         return 0
-    if args.merge:
-        merge(args)
+    if actions.merge:
+        merge(cfg.run)
         return 0
-    evaluate(args)
+    evaluate(cfg)
     return 0
 
 

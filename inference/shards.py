@@ -1,9 +1,9 @@
 """Data-parallel evaluation: several processes, each on its shard of the questions, one run folder.
 
-    accelerate launch --multi_gpu --num_processes 8 -m inference.evaluate --llm vllm:/models/qwen ...
+    accelerate launch --multi_gpu --num_processes 8 -m inference.evaluate --model.name vllm:/models/qwen ...
     torchrun --nproc-per-node 8 -m inference.evaluate ...          # the same, with torch's launcher
-    python -m inference.evaluate --shard 3/8 ...                    # one job of an array, by hand
-    python -m inference.evaluate --merge --out RUN                  # merge and score, if ever needed
+    python -m inference.evaluate --run.shard 3/8 ...                    # one job of an array, by hand
+    python -m inference.evaluate --merge --run.output_dir RUN                  # merge and score, if ever needed
 
 Process ``rank`` of ``world`` takes questions ``rank, rank + world, ...`` of the run's question
 list and appends its predictions to ``<out>/shards/part-<rank>-of-<world>.jsonl`` (durably, line
@@ -75,18 +75,18 @@ def parse_shard(spec: str) -> Shard:
     """``"i/n"`` (0-based ``i``) -> :class:`Shard`; ValueError otherwise."""
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
     if not match:
-        raise ValueError(f"--shard expects i/n, e.g. 0/4, not {spec!r}")
+        raise ValueError(f"--run.shard expects i/n, e.g. 0/4, not {spec!r}")
     return Shard(int(match[1]), int(match[2]))
 
 
 def resolve_shard(spec: str | None, environ: MutableMapping[str, str] | None = None) -> Shard:
-    """``--shard i/n`` when given, else the launcher's ``RANK``/``WORLD_SIZE`` (and ``LOCAL_RANK``/
+    """``--run.shard i/n`` when given, else the launcher's ``RANK``/``WORLD_SIZE`` (and ``LOCAL_RANK``/
     ``LOCAL_WORLD_SIZE``), else the one shard of a single process."""
     environ = os.environ if environ is None else environ
     launched = int(environ.get("WORLD_SIZE", "1") or 1)
     if spec:
         if launched > 1:
-            raise ValueError(f"--shard {spec} under a launcher of {launched} processes: use one or the other")
+            raise ValueError(f"--run.shard {spec} under a launcher of {launched} processes: use one or the other")
         return parse_shard(spec)
     if launched <= 1:
         return Shard()
@@ -161,7 +161,7 @@ def run_records(out: Path, own: Path | None = None) -> list[dict]:
 
 
 def clear_shards(out: Path) -> None:
-    """Remove the shard files and the question plan (``--overwrite``; after a merge)."""
+    """Remove the shard files and the question plan (``--run.overwrite``; after a merge)."""
     for path in shard_files(out):
         path.unlink(missing_ok=True)
     (out / PLAN_FILE).unlink(missing_ok=True)

@@ -8,7 +8,7 @@ runs many questions at once, so their LLM calls and retrievals are batched acros
 The env's limits (candidates per search, passages opened, searches, actions, observation cap) live
 in the :class:`~envs.config.EnvConfig` and nowhere else: a method reads them from ``ctx.env.config``.
 Each method declares two things about its env: ``paper_env``, the limits its paper ran with (the
-defaults a run's env recipe or ``--env key=value`` overrides), and :meth:`Method.fixed_env`, what
+defaults a run's env recipe or ``--env.key value`` overrides), and :meth:`Method.fixed_env`, what
 its protocol cannot run without (admission mode; for methods that count their own iterations, the
 searches those allow). Every method answers through the env, so all of them are scored by the same
 metrics and counted by the same evidence accounting.
@@ -59,8 +59,8 @@ class Method(ABC):
 
     Every method also has the decoding options of its LLM calls (keyword-only): ``temperature``
     (0: greedy, the default; ``top_p``/``top_k`` then do nothing), ``top_p`` (1: off), ``top_k``
-    (0: off) and ``sampling_seed`` (None: each call's seed comes from the run's ``--seed``, the
-    question id and the call's number; an int replaces ``--seed`` there). ``--budget paper`` /
+    (0: off) and ``sampling_seed`` (None: each call's seed comes from the run's ``--run.seed``, the
+    question id and the call's number; an int replaces ``--run.seed`` there). ``--method.budget paper`` /
     ``thinking`` set them per method (:mod:`methods.budgets`)."""
 
     name: ClassVar[str] = "method"
@@ -108,7 +108,7 @@ class Method(ABC):
         return action_regex(self.action_tags, **bounds)
 
     def llm_call_cap(self) -> int:
-        """LLM calls one question may make when the run sets no ``--max-llm-calls``
+        """LLM calls one question may make when the run sets no ``--method.max_llm_calls``
         (:data:`DEFAULT_LLM_CALLS`; a method whose protocol needs more says so)."""
         return DEFAULT_LLM_CALLS
 
@@ -131,7 +131,7 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int | None = None  # None: the run's --seed
+    seed: int | None = None  # None: the run's --run.seed
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -182,7 +182,7 @@ def get(name: str, **options: Any) -> Method:
         limits = sorted(unknown & ENV_LIMIT_OPTIONS.keys())
         if limits:
             raise TypeError(f"{limits} are env limits, not options of method {name!r}: set them in the env "
-                            f"({', '.join(ENV_LIMIT_OPTIONS[o] for o in limits)}; e.g. --env candidates_per_search=3)")
+                            f"({', '.join(ENV_LIMIT_OPTIONS[o] for o in limits)}; e.g. --env.candidates_per_search 3)")
         if unknown:
             raise TypeError(f"method {name!r} has no option(s) {sorted(unknown)}; it takes {sorted(known)}")
     return cls(**options)

@@ -150,7 +150,7 @@ class SearchO1(Method):
     action_tags = ("search", "answer")
 
     # K=10 is Search-o1's code (top_k 10); 5 searches / 12 actions are our small-model caps, not its:
-    # its code allows 10 searches / 15 turns on multi-hop sets and 5 on NQ/TriviaQA (--budget paper:
+    # its code allows 10 searches / 15 turns on multi-hop sets and 5 on NQ/TriviaQA (--method.budget paper:
     # methods.budgets.PAPER_LIMITS)
     paper_env: ClassVar[dict] = paper_limits(k=10, max_searches=5, max_actions=12)
     max_tokens: int = 512

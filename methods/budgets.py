@@ -111,9 +111,9 @@ SAMPLING_PAPER: dict[str, tuple[float, float, int]] = {
     "deepnote": DEEPNOTE_CODE,
 }
 SAMPLING = {"small": {m: GREEDY for m in BUDGET_FIELDS}, "paper": SAMPLING_PAPER, "thinking": SAMPLING_THINKING}
-GREEDY_OPTIONS = dict(zip(("temperature", "top_p", "top_k"), GREEDY))  # --greedy: under any preset
+GREEDY_OPTIONS = dict(zip(("temperature", "top_p", "top_k"), GREEDY))  # --method.greedy: under any preset
 
-# Search caps of the papers' sources per dataset kind, applied under ``--budget paper`` only (the
+# Search caps of the papers' sources per dataset kind, applied under ``--method.budget paper`` only (the
 # methods' ``paper_env`` stays the default without a preset, so earlier results do not move).
 # Search-o1's released code (run_search_o1.py): MAX_SEARCH_LIMIT 10, MAX_TURN 15 on HotpotQA, 2Wiki,
 # MuSiQue and Bamboogle; MAX_SEARCH_LIMIT 5 on NQ and TriviaQA (MAX_TURN there: the argparse default
@@ -131,7 +131,7 @@ PAPER_LIMITS: dict[str, dict[str, dict[str, int]]] = {
 }
 
 
-# Method options that are not budgets, set under ``--budget paper`` only to their source's setting
+# Method options that are not budgets, set under ``--method.budget paper`` only to their source's setting
 # (each one's default is a named deviation: docs/paper_settings.md). SEEK, as PAGER's code runs it: no
 # cap on the sketch's topics, whole documents for the fill call, the sketch's analysis before its
 # topics and reasoning before a tagged answer. SEEDS-ReAct and SEEDS-o1: the paper's prompts are

@@ -2,7 +2,7 @@
 
 A method whose turns end in one action tag (``<search>…</search>``, ``<expand>…</expand>``,
 ``<answer>…</answer>``, ``<read>…</read>``) declares its tags (:attr:`methods.base.Method.action_tags`);
-with guided actions on (``python -m inference.evaluate --guided-actions``) each turn's request
+with guided actions on (``python -m inference.evaluate --model.guided_actions``) each turn's request
 carries :func:`action_regex` of those tags, and the backend decodes only tokens that keep the
 completion a prefix of it: some free text (the model's reasoning, no ``<``), then exactly one
 well-formed action, then the end. The prompt is unchanged; only impossible continuations are

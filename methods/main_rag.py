@@ -124,7 +124,7 @@ class MainRAG(Method):
     """MAIN-RAG: per-document predictor, yes/no judge scores, adaptive judge bar, final predictor."""
 
     # K=20 candidates: MAIN-RAG's own setting as we recall it (not in the texts we have; docs/baselines.md).
-    # SEEDS' Table 1 ran every local baseline at K=10 (SEEDS §4.1, §A.3): --env candidates_per_search=10.
+    # SEEDS' Table 1 ran every local baseline at K=10 (SEEDS §4.1, §A.3): --env.candidates_per_search 10.
     paper_env: ClassVar[dict] = paper_limits(k=20, max_expand=20)
     threshold_n: float = 0.0  # tau = mean - n * std; 0: the plain per-query mean, the paper's default bar
     judge_scoring: str = "logprob"  # "logprob": log P(Yes) - log P(No); "parsed": +1 / -1 / 0 from the text
@@ -139,7 +139,7 @@ class MainRAG(Method):
 
     def llm_call_cap(self) -> int:
         """Room for the paper's K in the worst case: a prediction, two forced judge calls and a
-        parsed fallback per candidate, and the answer (a larger K needs ``--max-llm-calls``)."""
+        parsed fallback per candidate, and the answer (a larger K needs ``--method.max_llm_calls``)."""
         return max(DEFAULT_LLM_CALLS, 4 * self.paper_env["candidates_per_search"] + 8)
 
     def fixed_env(self) -> dict:

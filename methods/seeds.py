@@ -37,7 +37,7 @@ def limits_text(env: EnvConfig) -> dict[str, int]:
 @dataclass
 class SeedsReAct(Method):
     # K=10 from SEEDS (§4, §A.3); 4 searches / 12 actions are our caps: the SEEDS text we have states none
-    # for SEEDS-ReAct, so --budget paper keeps them
+    # for SEEDS-ReAct, so --method.budget paper keeps them
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=4, max_actions=12)
     action_tags = ("search", "expand", "answer")
     max_tokens: int = 256
@@ -60,7 +60,7 @@ class SeedsReAct(Method):
 @register("seeds-o1")
 @dataclass
 class SeedsO1(Method):
-    # K=10 from SEEDS; 5 searches / 14 actions are our caps, not a paper's: --budget paper gives Search-o1's
+    # K=10 from SEEDS; 5 searches / 14 actions are our caps, not a paper's: --method.budget paper gives Search-o1's
     # code's (SEEDS-o1 builds on it, SEEDS §F.1): 10 searches on multi-hop sets, 5 on NQ/TriviaQA, and its
     # 15 turns plus one expand per search (methods.budgets.PAPER_LIMITS)
     paper_env: ClassVar[dict] = paper_limits(k=10, max_expand=10, max_searches=5, max_actions=14)

@@ -32,7 +32,7 @@ Variants (option ``variant``; the paper's ablations, §5.2 and A.3):
 - ``no_initialization``: no sketch: write a sub-query, retrieve, summarise into a note, judge
   sufficiency; repeat until judged sufficient or the round cap.
 
-PAGER (SEEK's code) against our defaults, each a named option that ``--budget paper`` sets to PAGER's
+PAGER (SEEK's code) against our defaults, each a named option that ``--method.budget paper`` sets to PAGER's
 value (:data:`methods.budgets.PAPER_OPTIONS`; docs/paper_settings.md): ``max_slots`` (6; PAGER: no
 cap), ``doc_chars`` (800 characters per document; PAGER: whole documents) and ``reasoning_first``
 (off; PAGER: the sketch call analyses before its topics, the answer call reasons before a tagged
@@ -158,11 +158,11 @@ class Seek(Method):
     admission: str = "prefix"  # or "preview": open only the candidates the model chooses
     paper_env: ClassVar[dict] = paper_limits(k=5, max_expand=5)  # documents per sub-query
     max_rounds: int = 10  # retrieval rounds at most
-    # Caps PAGER does not have (named deviations; --budget paper lifts both: methods.budgets.PAPER_OPTIONS):
+    # Caps PAGER does not have (named deviations; --method.budget paper lifts both: methods.budgets.PAPER_OPTIONS):
     max_slots: int | None = 6  # gists beyond this are dropped (noted); None: no cap (PAGER's 10 rounds still bound it)
     doc_chars: int | None = 800  # characters of each document shown to the refine call; None: whole (PAGER)
     # PAGER's sketch call analyses the question before the topics, and its answer call reasons before a short
-    # tagged answer; off by default (direct replies within the small budgets), on under --budget paper
+    # tagged answer; off by default (direct replies within the small budgets), on under --method.budget paper
     reasoning_first: bool = False
     sketch_tokens: int = 160
     update_tokens: int = 1024  # the update call rewrites the whole sketch, evidence included

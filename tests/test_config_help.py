@@ -13,11 +13,8 @@ import inference.evaluate as ev
 from envs.config import EnvConfig
 from envs.typed_config import (
     OVERRIDES,
-    ConfigError,
     config_help,
     field_docs,
-    section_pairs,
-    section_values,
 )
 from training.config import PPOConfig
 from training.sft_config import WarmStartConfig
@@ -121,7 +118,7 @@ def test_sft_help_documents_every_field(capsys):
     assert "--env.reward.negative_opened_penalty  float = 0.05" in text
 
 
-def test_evaluate_help_documents_every_env_field(capsys):
+def test_evaluate_help_documents_every_field(capsys):
     text = run_help(ev.main, ["--help"], capsys)
     flat = " ".join(text.split())
     for spec in dataclasses.fields(EnvConfig):
@@ -129,26 +126,17 @@ def test_evaluate_help_documents_every_env_field(capsys):
     assert "--env.max_actions  int = 10" in text and doc_of(EnvConfig, "max_actions") in flat
     assert "--env.reward.negative_opened_penalty  float = 0.05" in text
     assert doc_of(ALL["RewardConfig"], "negative_opened_penalty") in flat
-    assert "--env-config" in text and "--method-option" in text  # the other options stay as they were
-
-
-def test_section_pairs_and_values_read_as_training_does():
-    argv = ["--method", "x", "--env.max_actions", "6", "--env.reward.format_penalty=0.2", "--env.shuffle_candidates",
-            "--env", "preview.max_tokens=40", "--env.reward.answer_weight", "-1"]
-    pairs = section_pairs(argv, "env")
-    assert pairs == ["--method", "x", "--env", "max_actions=6", "--env", "reward.format_penalty=0.2",
-                     "--env", "shuffle_candidates=true", "--env", "preview.max_tokens=40",
-                     "--env", "reward.answer_weight=-1"]
-    values = section_values([p for p in pairs[3::2]], "env")
-    assert values == {"max_actions": 6, "reward": {"format_penalty": 0.2, "answer_weight": -1},
-                      "shuffle_candidates": True, "preview": {"max_tokens": 40}}
-    with pytest.raises(ConfigError, match="key=value"):
-        section_values(["max_actions"], "env")
+    from inference.eval_config import EvalConfig
+    for section in ("method", "model", "data", "run"):  # every field of every section, with its doc
+        settings = type(getattr(EvalConfig(), section))
+        for spec in dataclasses.fields(settings):
+            assert f"--{section}.{spec.name}  " in text and doc_of(settings, spec.name) in flat, (section, spec.name)
+    assert "--env_config  str | None = None" in text and "--compare RUN" in text and "--merge" in text
 
 
 def env_of(tmp_path, *extra) -> EnvConfig:
-    args = ev.resolve_args(["--method", "seeds-react", "--out", str(tmp_path), *extra])
-    return ev.build_env(args, ev.build_method(args))
+    args = ev.resolve_args(["--method.name", "seeds-react", "--run.output_dir", str(tmp_path), *extra])
+    return ev.build_env(args, ev.build_method(args.method))
 
 
 def test_evaluate_env_dotted_form_gives_the_same_env_as_key_value(tmp_path):

@@ -238,7 +238,7 @@ def test_evaluate_runs_deepnote_from_the_command_line(setup):  # noqa: F811
     from inference import evaluate as ev
     from inference.predictions import load_predictions
 
-    assert ev.main(argv(setup, "deepnote", "--budget", "paper", "--method-option", "max_steps=2")) == 0
+    assert ev.main(argv(setup, "deepnote", "--method.budget", "paper", "--method.options.max_steps", "2")) == 0
     records = load_predictions(setup["out"] / "predictions.jsonl")
     assert len(records) == 3 and all(r["n_searches"] <= 3 for r in records)
     assert all(r["docs_read"] == r["method_stats"]["docs_folded"] for r in records)

@@ -62,45 +62,45 @@ def test_each_process_gets_its_own_gpus_and_no_rendezvous_variables():
 def test_shards_by_hand_merge_into_the_single_process_result(setup, tmp_path, capsys):  # noqa: F811
     single = single_run(setup, tmp_path)
     out = setup["out"]
-    assert ev.main(argv(setup, "seeds-react", "--shard", "1/2")) == 0  # question b
+    assert ev.main(argv(setup, "seeds-react", "--run.shard", "1/2")) == 0  # question b
     assert not (out / "metrics.json").exists()  # a and c are not done yet: no merge
     parts = sorted(p.name for p in (out / "shards").iterdir())
     assert parts == ["part-001-of-002.jsonl"]
-    assert ev.main(argv(setup, "seeds-react", "--shard", "0/2")) == 0  # a and c: the last one merges
+    assert ev.main(argv(setup, "seeds-react", "--run.shard", "0/2")) == 0  # a and c: the last one merges
     assert list((out / "shards").iterdir()) == []
     assert [r["id"] for r in load_predictions(out / "predictions.jsonl")] == ["a", "b", "c"]
     assert strict_metrics(out) == strict_metrics(single)
     assert outcomes(out) == outcomes(single)
-    assert ev.main(["--merge", "--out", str(out)]) == 0  # merging again changes nothing
+    assert ev.main(["--merge", "--run.output_dir", str(out)]) == 0  # merging again changes nothing
     assert strict_metrics(out) == strict_metrics(single)
 
 
 def test_merge_names_missing_questions_and_a_single_process_finishes_the_run(setup, tmp_path):  # noqa: F811
     out = setup["out"]
-    ev.main(argv(setup, "vanilla-rag", "--shard", "0/2"))
+    ev.main(argv(setup, "vanilla-rag", "--run.shard", "0/2"))
     with pytest.raises(SystemExit, match="1 of 3 questions have no prediction yet"):
-        ev.main(["--merge", "--out", str(out)])
+        ev.main(["--merge", "--run.output_dir", str(out)])
     calls = len(setup["llm"].prompts)
     ev.main(argv(setup, "vanilla-rag"))  # one process resumes: runs b only, then merges the shard
     assert len(setup["llm"].prompts) - calls == 1
     assert sorted(r["id"] for r in load_predictions(out / "predictions.jsonl")) == ["a", "b", "c"]
     assert json.loads((out / "metrics.json").read_text())["questions"] == 3
     with pytest.raises(SystemExit, match="no run to merge"):
-        ev.main(["--merge", "--out", str(tmp_path / "elsewhere")])
+        ev.main(["--merge", "--run.output_dir", str(tmp_path / "elsewhere")])
 
 
 def test_a_killed_shard_resumes_without_duplicates(setup):  # noqa: F811
     out = setup["out"]
-    ev.main(argv(setup, "vanilla-rag", "--shard", "0/2"))
+    ev.main(argv(setup, "vanilla-rag", "--run.shard", "0/2"))
     part = out / "shards" / "part-000-of-002.jsonl"
     first = part.read_text().splitlines()[0]
     part.write_text(first + '\n{"id": "c", "question": "torn')  # killed while writing its second question
     calls = len(setup["llm"].prompts)
-    ev.main(argv(setup, "vanilla-rag", "--shard", "0/2"))
+    ev.main(argv(setup, "vanilla-rag", "--run.shard", "0/2"))
     assert len(setup["llm"].prompts) - calls == 1
     assert sorted(r["id"] for r in load_predictions(part)) == ["a", "c"]
     with pytest.raises(SystemExit, match="would race"):
-        ev.main(argv(setup, "vanilla-rag", "--shard", "0/2", "--overwrite"))
+        ev.main(argv(setup, "vanilla-rag", "--run.shard", "0/2", "--run.overwrite"))
 
 
 def free_port() -> int:

@@ -36,8 +36,8 @@ def setup(tmp_path, monkeypatch):
 
 
 def argv(setup, method="seeds-react", *extra):
-    return ["--method", method, "--data", setup["data"], "--index", setup["index"], "--llm", "hf:fake",
-            "--out", str(setup["out"]), *extra]
+    return ["--method.name", method, "--data.path", setup["data"], "--data.index", setup["index"],
+            "--model.name", "hf:fake", "--run.output_dir", str(setup["out"]), *extra]
 
 
 def test_run_writes_predictions_metrics_and_config(setup, capsys):
@@ -62,31 +62,31 @@ def test_run_writes_predictions_metrics_and_config(setup, capsys):
 
 
 def test_killed_run_resumes_without_duplicates(setup):
-    ev.main(argv(setup, "vanilla-rag", "--limit", "2"))  # 2 of 3 done ...
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "2"))  # 2 of 3 done ...
     path = setup["out"] / "predictions.jsonl"
     with open(path, "a") as handle:
         handle.write('{"id": "c", "question": "torn li')  # ... and a third killed mid-write
     calls_before = len(setup["llm"].prompts)
-    ev.main(argv(setup, "vanilla-rag", "--limit", "2"))  # same config: nothing left to run
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "2"))  # same config: nothing left to run
     assert len(setup["llm"].prompts) == calls_before
     assert [r["id"] for r in load_predictions(path)] == ["a", "b"]
     with pytest.raises(SystemExit, match=r"different configuration \(seed\)"):
-        ev.main(argv(setup, "vanilla-rag", "--limit", "2", "--seed", "1"))
-    ev.main(argv(setup, "vanilla-rag", "--limit", "3", "--overwrite"))
+        ev.main(argv(setup, "vanilla-rag", "--data.limit", "2", "--run.seed", "1"))
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "3", "--run.overwrite"))
     ids = [r["id"] for r in load_predictions(path)]
     assert sorted(ids) == ["a", "b", "c"] and len(ids) == 3
 
 
 def test_a_larger_limit_or_sample_extends_the_run(setup):
     path = setup["out"] / "predictions.jsonl"
-    ev.main(argv(setup, "vanilla-rag", "--limit", "1"))
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "1"))
     calls = len(setup["llm"].prompts)
-    ev.main(argv(setup, "vanilla-rag", "--limit", "3"))  # not refused: runs b and c only
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "3"))  # not refused: runs b and c only
     assert len(setup["llm"].prompts) == calls + 2
     assert sorted(r["id"] for r in load_predictions(path)) == ["a", "b", "c"]
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["limit"] == 3 and config["sample"] is None and config["guided_actions"] is False  # no format
-    ev.main(argv(setup, "vanilla-rag", "--sample", "2", "--seed", "0"))
+    ev.main(argv(setup, "vanilla-rag", "--data.sample", "2", "--run.seed", "0"))
     metrics = json.loads((setup["out"] / "metrics.json").read_text())
     assert metrics["questions"] == 2 and json.loads((setup["out"] / "config.json").read_text())["sample"] == 2
     assert len(setup["llm"].prompts) == calls + 2  # the sample's questions were all done already
@@ -98,28 +98,29 @@ def test_sample_is_seeded_nested_and_recorded(setup, tmp_path):
                             for i in range(40)))
 
     def ids(*extra):
-        args = ev.resolve_args(["--method", "vanilla-llm", "--data", str(data), "--out", "o", *extra])
-        return [e.id for e in ev.load_examples(args)]
-    five, ten = ids("--sample", "5", "--seed", "3"), ids("--sample", "10", "--seed", "3")
-    assert len(five) == 5 and five == ids("--sample", "5", "--seed", "3") and set(five) < set(ten)
-    assert five != ids("--sample", "5", "--seed", "4") and five != [f"q{i}" for i in range(5)]
+        args = ev.resolve_args(["--method.name", "vanilla-llm", "--data.path", str(data), "--run.output_dir", "o",
+                                *extra])
+        return [e.id for e in ev.load_examples(args.data, args.run.seed)]
+    five, ten = ids("--data.sample", "5", "--run.seed", "3"), ids("--data.sample", "10", "--run.seed", "3")
+    assert len(five) == 5 and five == ids("--data.sample", "5", "--run.seed", "3") and set(five) < set(ten)
+    assert five != ids("--data.sample", "5", "--run.seed", "4") and five != [f"q{i}" for i in range(5)]
     assert five == sorted(five, key=lambda q: int(q[1:]))  # file order
     with pytest.raises(SystemExit, match="not both"):
-        ids("--sample", "5", "--limit", "5")
+        ids("--data.sample", "5", "--data.limit", "5")
 
 
 def test_runs_from_before_new_config_keys_resume(setup):
-    ev.main(argv(setup, "seeds-react", "--limit", "1"))
+    ev.main(argv(setup, "seeds-react", "--data.limit", "1"))
     config_path = setup["out"] / "config.json"
     old = json.loads(config_path.read_text())
     del old["sample"], old["guided_actions"]  # as written before these options existed
     config_path.write_text(json.dumps(old))
     with pytest.raises(SystemExit, match=r"different configuration \(guided_actions\)"):
-        ev.main(argv(setup, "seeds-react", "--limit", "2"))  # guided by default now: not the old run
-    ev.main(argv(setup, "seeds-react", "--limit", "2", "--no-guided-actions"))
+        ev.main(argv(setup, "seeds-react", "--data.limit", "2"))  # guided by default now: not the old run
+    ev.main(argv(setup, "seeds-react", "--data.limit", "2", "--model.guided_actions", "false"))
     assert len(load_predictions(setup["out"] / "predictions.jsonl")) == 2
     with pytest.raises(SystemExit, match="declares no action format"):
-        ev.main(argv(setup, "vanilla-rag", "--guided-actions", "--overwrite"))
+        ev.main(argv(setup, "vanilla-rag", "--model.guided_actions", "--run.overwrite"))
 
 
 def test_resume_runs_only_missing_questions(setup):
@@ -207,7 +208,7 @@ def test_wandb_logging_goes_offline_without_a_key(setup, monkeypatch):
     fake = types.SimpleNamespace(init=lambda **kw: FakeRun(**kw), Table=FakeTable)
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    ev.main(argv(setup, "vanilla-rag", "--wandb", "--wandb-project", "proj"))
+    ev.main(argv(setup, "vanilla-rag", "--run.report_to", "wandb", "--run.wandb_project", "proj"))
     assert calls["init"]["mode"] == "offline" and calls["init"]["project"] == "proj"
     assert calls["init"]["config"]["method"] == "vanilla-rag"
     assert len(calls["log"]["predictions"].rows) == 3 and calls["finished"]
@@ -215,13 +216,13 @@ def test_wandb_logging_goes_offline_without_a_key(setup, monkeypatch):
 
 def test_variant_flag_is_checked_against_the_method(setup):
     with pytest.raises(SystemExit, match="no option"):
-        ev.main(argv(setup, "seeds-react", "--variant", "plan"))
+        ev.main(argv(setup, "seeds-react", "--method.variant", "plan"))
     with pytest.raises(SystemExit, match="contradicts"):
-        ev.main(argv(setup, "seeds-react", "--variant", "plan", "--method-option", "variant=update"))
+        ev.main(argv(setup, "seeds-react", "--method.variant", "plan", "--method.options.variant", "update"))
 
 
 def test_variant_flag_runs_the_variant(setup):
-    assert ev.main(argv(setup, "maps", "--variant", "no_parallel", "--method-option", "max_iterations=2")) == 0
+    assert ev.main(argv(setup, "maps", "--method.variant", "no_parallel", "--method.options.max_iterations", "2")) == 0
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["method_options"]["variant"] == "no_parallel"
     records = load_predictions(setup["out"] / "predictions.jsonl")

@@ -326,7 +326,7 @@ def test_evaluate_runs_main_rag_from_the_command_line(setup):  # noqa: F811
     from inference import evaluate as ev
     from inference.predictions import load_predictions
 
-    extra = ("--env", "candidates_per_search=4", "--method-option", "threshold_n=0.5")
+    extra = ("--env.candidates_per_search", "4", "--method.options.threshold_n", "0.5")
     assert ev.main(argv(setup, "main-rag", *extra)) == 0
     records = load_predictions(setup["out"] / "predictions.jsonl")
     assert len(records) == 3 and all(r["finish_reason"] == "answered" for r in records)

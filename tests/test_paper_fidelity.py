@@ -130,11 +130,13 @@ def test_the_seeds_example_is_off_under_the_paper_preset(method):
 def test_budget_paper_on_the_command_line(tmp_path):
     from inference import evaluate as ev
 
-    seek = ev.build_method(ev.resolve_args(["--method", "seek", "--budget", "paper", "--out", str(tmp_path)]))
+    seek = ev.build_method(ev.resolve_args(["--method.name", "seek", "--method.budget", "paper",
+                                            "--run.output_dir", str(tmp_path)]).method)
     assert (seek.max_slots, seek.doc_chars, seek.reasoning_first) == (None, None, True)
-    argv = ["--method", "seeds-o1", "--budget", "paper", "--out", str(tmp_path)]
-    assert not ev.build_method(ev.resolve_args(argv)).example
-    assert ev.build_method(ev.resolve_args([*argv, "--method-option", "example=true"])).example
-    seek = ev.build_method(ev.resolve_args(["--method", "seek", "--budget", "paper", "--method-option", "max_slots=5",
-                                            "--out", str(tmp_path)]))
+    argv = ["--method.name", "seeds-o1", "--method.budget", "paper", "--run.output_dir", str(tmp_path)]
+    assert not ev.build_method(ev.resolve_args(argv).method).example
+    assert ev.build_method(ev.resolve_args([*argv, "--method.options.example", "true"]).method).example
+    argv = ["--method.name", "seek", "--method.budget", "paper", "--method.options.max_slots", "5",
+            "--run.output_dir", str(tmp_path)]
+    seek = ev.build_method(ev.resolve_args(argv).method)
     assert seek.max_slots == 5 and seek.doc_chars is None

@@ -59,13 +59,15 @@ def test_greedy_is_the_default_and_an_explicit_choice_under_a_preset(tmp_path):
         assert methods.get(method).sampling().greedy
         assert sampling_of("small", method).greedy and sampling_of(None, method).greedy
     assert sampling_of("paper", "search-o1", temperature=0).greedy  # an explicit option wins
-    args = ev.resolve_args(["--method", "search-o1", "--budget", "paper", "--greedy", "--out", str(tmp_path)])
-    method = ev.build_method(args)
+    args = ev.resolve_args(["--method.name", "search-o1", "--method.budget", "paper", "--method.greedy",
+                            "--run.output_dir", str(tmp_path)])
+    method = ev.build_method(args.method)
     assert method.sampling().greedy and (method.top_p, method.top_k) == (1.0, 0)
     assert method.max_tokens == 8192  # the preset's budgets stay
-    args = ev.resolve_args(["--method", "kair", "--method-option", "temperature=-1", "--out", str(tmp_path)])
+    args = ev.resolve_args(["--method.name", "kair", "--method.options.temperature", "-1",
+                            "--run.output_dir", str(tmp_path)])
     with pytest.raises(SystemExit, match="temperature"):
-        ev.build_method(args)
+        ev.build_method(args.method)
 
 
 def test_the_sampling_reaches_every_generation_request():
@@ -89,34 +91,34 @@ def test_the_sampling_reaches_every_generation_request():
 
 
 def test_config_and_metrics_record_the_sampling(setup):  # noqa: F811
-    ev.main(argv(setup, "seeds-react", "--budget", "paper", "--limit", "1"))
+    ev.main(argv(setup, "seeds-react", "--method.budget", "paper", "--data.limit", "1"))
     config = json.loads((setup["out"] / "config.json").read_text())
     metrics = json.loads((setup["out"] / "metrics.json").read_text())
     expected = {"mode": "sample", "temperature": 0.6, "top_p": 0.95, "top_k": 20, "seed": 0}
     assert config["sampling"] == expected and metrics["sampling"] == expected
     assert "temperature" not in config["method_options"]
-    ev.main(argv(setup, "seeds-react", "--overwrite", "--limit", "1"))  # no preset: greedy, recorded as such
+    ev.main(argv(setup, "seeds-react", "--run.overwrite", "--data.limit", "1"))  # no preset: greedy, recorded as such
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["sampling"]["mode"] == "greedy"
     assert json.loads((setup["out"] / "metrics.json").read_text())["sampling"]["mode"] == "greedy"
 
 
 def test_runs_from_before_the_sampling_option_still_resume(setup):  # noqa: F811
-    ev.main(argv(setup, "vanilla-rag", "--limit", "1"))
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "1"))
     path = setup["out"] / "config.json"
     config = json.loads(path.read_text())
     del config["sampling"]
     path.write_text(json.dumps(config))
-    ev.main(argv(setup, "vanilla-rag", "--limit", "2"))  # greedy then and now: resumes
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "2"))  # greedy then and now: resumes
     with pytest.raises(SystemExit, match="sampling"):
-        ev.main(argv(setup, "vanilla-rag", "--limit", "3", "--method-option", "temperature=0.7"))
+        ev.main(argv(setup, "vanilla-rag", "--data.limit", "3", "--method.options.temperature", "0.7"))
 
 
 # -- item 3: search caps per method and dataset -----------------------------------------------------
 
 def env_of(tmp_path, method, *extra):
-    args = ev.resolve_args(["--method", method, "--out", str(tmp_path), *extra])
-    return ev.build_env(args, ev.build_method(args))
+    args = ev.resolve_args(["--method.name", method, "--run.output_dir", str(tmp_path), *extra])
+    return ev.build_env(args, ev.build_method(args.method))
 
 
 def test_dataset_kind_from_the_name_or_file():
@@ -127,26 +129,27 @@ def test_dataset_kind_from_the_name_or_file():
 
 
 def test_paper_preset_gives_search_o1s_caps_per_dataset(tmp_path):
-    multi = env_of(tmp_path, "search-o1", "--budget", "paper", "--data", "x/hotpotqa_dev.jsonl")
+    multi = env_of(tmp_path, "search-o1", "--method.budget", "paper", "--data.path", "x/hotpotqa_dev.jsonl")
     assert (multi.max_searches, multi.max_actions, multi.candidates_per_search) == (10, 15, 10)
-    single = env_of(tmp_path, "search-o1", "--budget", "paper", "--data", "x/nq_test.jsonl")
+    single = env_of(tmp_path, "search-o1", "--method.budget", "paper", "--data.path", "x/nq_test.jsonl")
     assert (single.max_searches, single.max_actions) == (5, 15)
-    hinted = env_of(tmp_path, "search-o1", "--budget", "paper", "--data", "x/questions.jsonl", "--dataset", "nq")
+    hinted = env_of(tmp_path, "search-o1", "--method.budget", "paper", "--data.path", "x/questions.jsonl",
+                    "--data.dataset", "nq")
     assert hinted.max_searches == 5
-    assert env_of(tmp_path, "search-o1", "--budget", "paper").max_searches == 10  # unknown: the multi-hop default
-    seeds_o1 = env_of(tmp_path, "seeds-o1", "--budget", "paper", "--data", "musique.jsonl")
+    assert env_of(tmp_path, "search-o1", "--method.budget", "paper").max_searches == 10  # unknown: multi-hop default
+    seeds_o1 = env_of(tmp_path, "seeds-o1", "--method.budget", "paper", "--data.path", "musique.jsonl")
     assert (seeds_o1.max_searches, seeds_o1.max_actions) == (10, 25)
-    assert env_of(tmp_path, "seeds-o1", "--budget", "paper", "--dataset", "triviaqa").max_searches == 5
+    assert env_of(tmp_path, "seeds-o1", "--method.budget", "paper", "--data.dataset", "triviaqa").max_searches == 5
     # an explicit --env still wins over the preset
-    assert env_of(tmp_path, "search-o1", "--budget", "paper", "--data", "hotpotqa.jsonl",
-                  "--env", "max_searches=3").max_searches == 3
+    assert env_of(tmp_path, "search-o1", "--method.budget", "paper", "--data.path", "hotpotqa.jsonl",
+                  "--env.max_searches", "3").max_searches == 3
     # without the paper preset the caps stay as before (earlier results do not move)
-    for extra in ((), ("--budget", "thinking"), ("--budget", "small")):
-        env = env_of(tmp_path, "search-o1", "--data", "hotpotqa.jsonl", *extra)
+    for extra in ((), ("--method.budget", "thinking"), ("--method.budget", "small")):
+        env = env_of(tmp_path, "search-o1", "--data.path", "hotpotqa.jsonl", *extra)
         assert (env.max_searches, env.max_actions) == (5, 12)
-        env = env_of(tmp_path, "seeds-react", "--data", "hotpotqa.jsonl", *extra)
+        env = env_of(tmp_path, "seeds-react", "--data.path", "hotpotqa.jsonl", *extra)
         assert (env.max_searches, env.max_actions) == (4, 12)
-    env = env_of(tmp_path, "seeds-react", "--budget", "paper", "--data", "hotpotqa.jsonl")
+    env = env_of(tmp_path, "seeds-react", "--method.budget", "paper", "--data.path", "hotpotqa.jsonl")
     assert (env.max_searches, env.max_actions) == (4, 12)  # no source states SEEDS-ReAct's caps
 
 
@@ -169,9 +172,9 @@ def test_metrics_count_thinking_cut_offs_on_a_scripted_transcript():
 
 
 def test_the_live_web_recipe_uses_the_thinking_budget(tmp_path):
-    args = ev.resolve_args(["--config", str(ROOT / "configs/eval/seeds_o1_web.yaml"), "--data", "hle.jsonl",
-                            "--llm", "openai:qwq-32b", "--out", str(tmp_path)])
-    assert args.budget == "thinking"
-    method = ev.build_method(args)
+    args = ev.resolve_args(["--config", str(ROOT / "configs/eval/seeds_o1_web.yaml"), "--data.path", "hle.jsonl",
+                            "--model.name", "openai:qwq-32b", "--run.output_dir", str(tmp_path)])
+    assert args.method.budget == "thinking"
+    method = ev.build_method(args.method)
     assert method.max_tokens == 8192 and method.reader_max_tokens == 8192
     assert not method.sampling().greedy

@@ -74,15 +74,15 @@ def test_compare_cli_and_viewer_refuse_runs_whose_ids_name_different_questions(t
 
 
 def test_resume_refuses_a_question_file_whose_ids_now_name_other_questions(setup):  # noqa: F811
-    ev.main(argv(setup, "vanilla-rag", "--limit", "2"))
+    ev.main(argv(setup, "vanilla-rag", "--data.limit", "2"))
     data = setup["data"]
     lines = open(data).read().splitlines()
     changed = json.loads(lines[1]) | {"question": "Which river flows through Budapest?"}
     with open(data, "w") as handle:
         handle.write("\n".join([lines[0], json.dumps(changed), *lines[2:]]) + "\n")
     calls = len(setup["llm"].prompts)
-    with pytest.raises(SystemExit, match=r"'b'.*--overwrite"):
-        ev.main(argv(setup, "vanilla-rag", "--limit", "3"))
+    with pytest.raises(SystemExit, match=r"'b'.*--run.overwrite"):
+        ev.main(argv(setup, "vanilla-rag", "--data.limit", "3"))
     assert len(setup["llm"].prompts) == calls  # nothing ran
 
 

@@ -3,7 +3,6 @@ requests split at the server's caps, refusals raised at once, retries with back-
 concurrency, a SearchEnv episode over HTTP, and the URL specs of evaluation and training."""
 from __future__ import annotations
 
-import argparse
 import socket
 import threading
 
@@ -149,14 +148,14 @@ def test_open_retriever_specs(index_dir, server):
 
 
 def test_evaluate_takes_a_retriever_url(server, index_dir):
-    from inference.evaluate import build_parser, load_retriever
+    from inference.evaluate import load_retriever, resolve_args
 
-    args = build_parser().parse_args(["--method", "react", "--out", "x", "--retriever", server.url])
-    assert isinstance(load_retriever(args), RemoteRetriever)
-    args = build_parser().parse_args(["--method", "react", "--out", "x", "--index", server.url])
-    assert isinstance(load_retriever(args), RemoteRetriever)
-    args = argparse.Namespace(retriever=None, index=str(index_dir), corpus=None)
-    assert isinstance(load_retriever(args), Retriever)
+    cfg = resolve_args(["--method.name", "react", "--run.output_dir", "x", "--data.retriever", server.url])
+    assert isinstance(load_retriever(cfg.data), RemoteRetriever)
+    cfg = resolve_args(["--method.name", "react", "--run.output_dir", "x", "--data.index", server.url])
+    assert isinstance(load_retriever(cfg.data), RemoteRetriever)
+    cfg = resolve_args(["--method.name", "react", "--run.output_dir", "x", "--data.index", str(index_dir)])
+    assert isinstance(load_retriever(cfg.data), Retriever)
 
 
 def test_training_configs_take_a_retriever_url(server):

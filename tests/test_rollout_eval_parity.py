@@ -1,4 +1,4 @@
-"""Training rollouts and ``inference.evaluate --method seeds-r1`` play the same episodes.
+"""Training rollouts and ``inference.evaluate --method.name seeds-r1`` play the same episodes.
 
 The same greedy policy (the tiny random Llama, and the scripted one of ``test_rollout``), the
 same questions and the same index go once through :func:`training.rollouts.rollout.collect_rollouts` and
@@ -79,15 +79,16 @@ def files(tmp_path_factory):
 
 
 def evaluate(files, backend, monkeypatch, options: dict, env: dict) -> list[dict]:
-    """``python -m inference.evaluate --method seeds-r1 ...`` with ``backend`` as the LLM."""
+    """``python -m inference.evaluate --method.name seeds-r1 ...`` with ``backend`` as the LLM."""
     monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: backend)
     out = files / "run"
-    argv = ["--method", "seeds-r1", "--data", str(files / "qa.jsonl"), "--index", str(files / "index"),
-            "--env-config", str(files / "env.yaml"), "--llm", "hf:tiny", "--out", str(out), "--overwrite"]
+    argv = ["--method.name", "seeds-r1", "--data.path", str(files / "qa.jsonl"), "--data.index", str(files / "index"),
+            "--env_config", str(files / "env.yaml"), "--model.name", "hf:tiny", "--run.output_dir", str(out),
+            "--run.overwrite", "true"]
     for key, value in options.items():
-        argv += ["--method-option", f"{key}={value}"]
+        argv += [f"--method.options.{key}={value}"]
     for key, value in env.items():
-        argv += ["--env", f"{key}={value}"]
+        argv += [f"--env.{key}={value}"]
     assert ev.main(argv) == 0
     return load_predictions(out / "predictions.jsonl")
 

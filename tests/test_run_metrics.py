@@ -65,7 +65,7 @@ def test_answered_only_excludes_failed_questions_and_counts_them():
 def test_a_run_with_injected_distractors_reports_their_admission(setup, tmp_path):  # noqa: F811
     env = tmp_path / "env.yaml"
     env.write_text("distractor_rate: 0.5\n")
-    ev.main(argv(setup, "seeds-react", "--env-config", str(env)))
+    ev.main(argv(setup, "seeds-react", "--env_config", str(env)))
     metrics = json.loads((setup["out"] / "metrics.json").read_text())
     records = load_predictions(setup["out"] / "predictions.jsonl")
     rounds = [s for r in records for s in r["searches"]]

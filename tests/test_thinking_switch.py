@@ -79,17 +79,17 @@ def test_budget_and_thinking_flags_are_applied_and_recorded(setup, monkeypatch):
         return setup["llm"]
 
     monkeypatch.setattr("inference.evaluate.load_backend", load_backend)
-    assert ev.main(argv(setup, "seeds-o1", "--budget", "thinking", "--thinking", "off", "--limit", "1",
-                        "--method-option", "reader_max_tokens=300")) == 0
+    assert ev.main(argv(setup, "seeds-o1", "--method.budget", "thinking", "--model.thinking", "off",
+                        "--data.limit", "1", "--method.options.reader_max_tokens", "300")) == 0
     config = json.loads((setup["out"] / "config.json").read_text())
     assert config["budget"] == "thinking" and config["thinking"] == "off" and seen["thinking"] == "off"
     assert config["method_options"]["max_tokens"] == 8192 and config["method_options"]["reader_max_tokens"] == 300
     with pytest.raises(SystemExit, match="contradicts"):
-        ev.main(argv(setup, "seeds-o1", "--thinking", "on", "--llm-option", "thinking=off", "--overwrite"))
+        ev.main(argv(setup, "seeds-o1", "--model.thinking", "on", "--model.options.thinking", "off", "--run.overwrite"))
 
 
 def test_runs_without_the_flags_keep_their_config(setup):  # noqa: F811
-    assert ev.main(argv(setup, "vanilla-rag", "--limit", "1")) == 0
+    assert ev.main(argv(setup, "vanilla-rag", "--data.limit", "1")) == 0
     config = json.loads((setup["out"] / "config.json").read_text())
     assert "budget" not in config and "thinking" not in config
     assert config["method_options"]["answer_tokens"] == 32
@@ -98,6 +98,6 @@ def test_runs_without_the_flags_keep_their_config(setup):  # noqa: F811
 def test_recipe_file_reads_yaml_off_as_the_thinking_mode(setup, tmp_path):  # noqa: F811
     recipe = tmp_path / "eval.yaml"
     recipe.write_text("budget: paper\nthinking: off\nmethod: kair\n")
-    args = ev.resolve_args(["--config", str(recipe), "--out", str(tmp_path / "r")])
-    assert args.thinking == "off" and args.budget == "paper"
-    assert ev.build_method(args).step_tokens == 768
+    args = ev.resolve_args(["--config", str(recipe), "--run.output_dir", str(tmp_path / "r")])
+    assert args.model.thinking == "off" and args.method.budget == "paper"
+    assert ev.build_method(args.method).step_tokens == 768

@@ -347,8 +347,8 @@ def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
                                 "golden_answers": ["Paris"]}) + "\n")
     monkeypatch.setattr("inference.evaluate.load_backend", lambda spec, **kw: FakeLLM(responder))
     out = tmp_path / "run"
-    assert ev.main(["--method", "seeds-o1", "--env", "candidates_per_search=5", "--data", str(data),
-                    "--retriever", spec, "--llm", "hf:fake", "--out", str(out)]) == 0
+    assert ev.main(["--method.name", "seeds-o1", "--env.candidates_per_search", "5", "--data.path", str(data),
+                    "--data.retriever", spec, "--model.name", "hf:fake", "--run.output_dir", str(out)]) == 0
     (record,) = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert record["prediction"] == "Paris" and json.loads((out / "config.json").read_text())["index"] == spec
     assert list((tmp_path / "home-cache" / "web" / "search").rglob("*.json"))  # the project cache by default
@@ -356,9 +356,9 @@ def test_cli_and_run_configs_take_a_web_spec(web, tmp_path, monkeypatch):
 
 def test_the_eval_recipe_names_a_valid_web_spec():
     recipe = Path(__file__).resolve().parents[1] / "configs" / "eval" / "seeds_o1_web.yaml"
-    args = ev.resolve_args(["--config", str(recipe), "--data", "qa.jsonl"])
-    config = parse_web_spec(args.retriever)
-    assert (args.method, config.engine, config.url, config.results) == ("seeds-o1", "searxng",
+    args = ev.resolve_args(["--config", str(recipe), "--data.path", "qa.jsonl"])
+    config = parse_web_spec(args.data.retriever)
+    assert (args.method.name, config.engine, config.url, config.results) == ("seeds-o1", "searxng",
                                                                         "http://127.0.0.1:8888", 10)
     assert (config.previews, config.reader_chars) == ("snippet", 3000)  # the paper's live-web reading
     assert ev.build_env(args, methods.get("seeds-o1")).max_obs_tokens == 8000  # room for ten opened pages

@@ -379,7 +379,7 @@ def finish(run: Run, eval_start: dict | None, outcomes_start: dict | None) -> di
     if cfg.run.export and cfg.run.export_update is None and accelerator.is_main_process:
         folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
         accelerator.print(f"[ppo] exported the policy to {folder} "
-                          f"(python -m inference.evaluate --method seeds-r1 --llm hf:{folder} ...)")
+                          f"(python -m inference.evaluate --method.name seeds-r1 --model.name hf:{folder} ...)")
     if accelerator.is_main_process:
         write_curves_or_warn(run.out, log=accelerator.print)
     if report is not None:

@@ -65,7 +65,7 @@ class WarmStartConfig:
     teacher_samples: int = 1
     teacher_method: str = "seeds-react"  # method teacher: registered method name
     teacher_llm: str | None = None  # method teacher, REQUIRED: backend spec, e.g. vllm:<model>, openai:<served model>
-    teacher_llm_options: dict = field(default_factory=dict)  # method teacher: backend options (as --llm-option)
+    teacher_llm_options: dict = field(default_factory=dict)  # method teacher: backend options (as model.options)
     teacher_method_options: dict = field(default_factory=dict)  # method teacher: options, over the SEEDS-R1 limits
     teacher_concurrency: int = 32  # method teacher: questions in flight at once
     num_envs: int = 16  # batched env slots (scripted teacher, dev evaluation)

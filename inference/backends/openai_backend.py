@@ -24,7 +24,7 @@ What comes back, field by field:
 
 Counting: the server's tokenizer is not here, so observation caps and document-token counts are in
 whitespace words unless ``tokenizer`` names the served model's tokenizer (a Hugging Face id or a
-local folder; ``--llm-option tokenizer=Qwen/QwQ-32B``), which then counts them in tokens
+local folder; ``--model.options.tokenizer Qwen/QwQ-32B``), which then counts them in tokens
 (:attr:`count_tokenizer`). Prompts are sent as text either way; ``metrics.json`` says which unit.
 
 Thinking: ``thinking="on"|"off"`` sends ``chat_template_kwargs: {"enable_thinking": ...}`` with

@@ -230,7 +230,7 @@ def load_zero_partition(zero: Any, path: Path, name: str, accelerator: Any = Non
 
 def export_hf(actor: torch.nn.Module, tokenizer: Any, directory: str | os.PathLike, merge_lora: bool = True) -> Path:
     """Write the policy as a Hugging Face folder (atomically), for
-    ``python -m inference.evaluate --method seeds-r1 --llm hf:<directory>``.
+    ``python -m inference.evaluate --method.name seeds-r1 --model.name hf:<directory>``.
 
     ``actor``: a :class:`training.models.policy_models.PolicyModel` or a (peft) causal LM. With LoRA and
     ``merge_lora`` the adapter is merged into a copy of the weights (the actor is untouched);
