@@ -146,7 +146,7 @@ class EpisodeState:
             "n_invalid": self.n_invalid,
             "doc_tokens": self.doc_tokens,
             **counts,
-            "selection_precision": counts["positives_opened"] / opened if opened else 0.0,
+            "precision": counts["positives_opened"] / opened if opened else 0.0,
             "reward": self.reward_breakdown(config),
             "searches": [s.to_dict() for s in self.searches],
             **({} if self.pages_fetched is None

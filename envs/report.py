@@ -17,11 +17,15 @@ Per-question figures are means over episodes (``*_per_question``, answer metrics
 ``reward_mean``, ``answered``). Selection figures are POOLED over the episodes, so an episode
 that opened many documents weighs more than one that opened one:
 
-- ``selection_precision`` = Σ positives opened / Σ documents opened;
-- ``open_rate_positive`` = Σ positives opened / Σ positives shown;
-- ``open_rate_negative`` = Σ negatives opened / Σ negatives shown;
+- ``precision`` = Σ positives opened / Σ documents opened;
+- ``recall`` = Σ positives opened / Σ positives shown;
+- ``fallout`` = Σ negatives opened / Σ negatives shown (IR's fall-out, the false-positive rate);
 
 each 0 when its denominator is 0 (opening nothing selects nothing right).
+
+Run files written before these names (``metrics.json`` of evaluation runs, ``eval.json`` and
+``metrics.jsonl`` of training runs) are read under them through ONE mapping, :data:`LEGACY_NAMES`
+(:func:`with_current_names`); no reader keeps old names of its own.
 
 An episode is *answered* (:func:`is_answered`) when it ended with an answer the env accepted:
 its ``answer`` (``prediction`` in an evaluation record) is not None. Every other ending (no
@@ -82,7 +86,32 @@ def summarize_episodes(summaries: Sequence[Mapping]) -> dict[str, float]:
         if any(key in s for s in summaries):
             out[name] = total(key) / n
     positives_shown = total("positives_shown")
-    out["selection_precision"] = _ratio(total("positives_opened"), total("docs_read"))
-    out["open_rate_positive"] = _ratio(total("positives_opened"), positives_shown)
-    out["open_rate_negative"] = _ratio(total("negatives_opened"), max(total("docs_shown") - positives_shown, 0.0))
+    out["precision"] = _ratio(total("positives_opened"), total("docs_read"))
+    out["recall"] = _ratio(total("positives_opened"), positives_shown)
+    out["fallout"] = _ratio(total("negatives_opened"), max(total("docs_shown") - positives_shown, 0.0))
     return out
+
+
+# metric names of run files written before the names were unified -> today's names: THE one mapping
+# every reader of an old metrics.json, eval.json or metrics.jsonl goes through
+LEGACY_NAMES = {"docs_per_question": "docs_read_per_question", "invalid_actions_per_question": "invalid_per_question",
+                "reward": "reward_mean", "positive_open_rate": "recall", "open_rate_positive": "recall",
+                "negative_open_rate": "fallout", "open_rate_negative": "fallout",
+                "selection_precision": "precision", "distractor_admission_rate": "distractor_open_rate",
+                "distractors_admitted": "distractors_opened", "admitting_rounds": "opening_rounds"}
+# nested summaries renamed too: metrics.json's answered-only figures, eval.json's two evaluations
+NESTED_SUMMARIES = ("answered_only", "before", "after")
+
+
+def current_name(key: str) -> str:
+    """Today's name of a metric key; a prefix before the last ``/`` is kept (``eval/<metric>`` of
+    metrics.jsonl)."""
+    prefix, slash, name = key.rpartition("/")
+    return prefix + slash + LEGACY_NAMES.get(name, name)
+
+
+def with_current_names(summary: Mapping) -> dict:
+    """A summary read from disk (a ``metrics.json``, an ``eval.json``, a ``metrics.jsonl`` record)
+    with its older metric names renamed to today's, in its nested summaries too (:data:`NESTED_SUMMARIES`)."""
+    return {current_name(key): with_current_names(value) if key in NESTED_SUMMARIES and isinstance(value, Mapping)
+            else value for key, value in summary.items()}

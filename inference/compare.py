@@ -5,9 +5,8 @@ both runs (a mismatch is refused: :class:`envs.question_match.QuestionMismatchEr
 metric the difference B − A on the questions both runs hold is reported with a paired bootstrap
 95% interval (:mod:`envs.bootstrap`: questions resampled with replacement, the same draw for both
 runs); an interval that excludes 0 marks a difference unlikely to be noise of the question sample.
-Answer metrics, reward and per-question counts are means over questions; selection precision and
-the positive open rate are pooled, as
-:func:`envs.report.summarize_episodes` pools them.
+Answer metrics, reward and per-question counts are means over questions; precision and recall are
+pooled, as :func:`envs.report.summarize_episodes` pools them.
 """
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ COMPARED_METRICS: tuple[tuple[str, Statistic, str], ...] = (
     ("acc", mean_of("acc"), "{:+.3f}"),
     ("reward_mean", mean_of("reward"), "{:+.3f}"),
     ("answered", mean_of("answered"), "{:+.3f}"),
-    ("selection_precision", pooled_ratio("positives_opened", "docs_read"), "{:+.3f}"),
-    ("open_rate_positive", pooled_ratio("positives_opened", "positives_shown"), "{:+.3f}"),
+    ("precision", pooled_ratio("positives_opened", "docs_read"), "{:+.3f}"),
+    ("recall", pooled_ratio("positives_opened", "positives_shown"), "{:+.3f}"),
     ("searches_per_question", mean_of("n_searches"), "{:+.2f}"),
     ("docs_read_per_question", mean_of("docs_read"), "{:+.2f}"),
     ("doc_tokens_per_question", mean_of("doc_tokens"), "{:+.0f}"),

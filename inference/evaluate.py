@@ -38,13 +38,14 @@ import methods
 from envs.atomic import write_json_atomic, write_text_atomic
 from envs.data import load_questions
 from envs.question_match import QuestionMismatchError, check_same_questions, question_digest, record_digests
+from envs.report import with_current_names
 from envs.retrieval.defaults import open_run_retriever
 from envs.typed_config import help_text
 from inference.backends import load_backend
 from inference.compare import CompareError, compare_runs, format_comparison
 from inference.eval_config import DEFAULT_LLM, Actions, DataSettings, EvalConfig, RunSettings, config_or_exit
 from inference.predictions import PredictionsFileError, PredictionWriter, load_predictions
-from inference.run_metrics import format_table, summarize, with_current_names
+from inference.run_metrics import format_table, summarize
 from inference.run_setup import backend_options, build_env, build_method, resolve_guided_actions
 from inference.shards import (
     clear_shards,

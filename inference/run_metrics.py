@@ -28,7 +28,7 @@ SUMMARY_COLUMNS = (
     ("matched_prefix_hit_rate_gain", "AB-gain", "{:+.3f}"),
     ("beyond_prefix_fraction", "Beyond-prefix", "{:.3f}"),
     ("prefix_departure_rate", "Prefix-dep", "{:.3f}"),
-    ("distractor_admission_rate", "Distr-adm", "{:.3f}"),
+    ("distractor_open_rate", "Distr-open", "{:.3f}"),
     ("answered_only.em", "EM-answered", "{:.3f}"),
     ("llm_tokens_in_per_question", "LLM-in/q", "{:.0f}"),
     ("llm_tokens_out_per_question", "LLM-out/q", "{:.0f}"),
@@ -41,8 +41,8 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-def _admitted_ranks(search: dict) -> list[int]:
-    """Retrieval ranks of the candidates admitted (opened) in one search round, without repeats.
+def _opened_ranks(search: dict) -> list[int]:
+    """Retrieval ranks of the candidates opened (the paper: admitted) in one search round, without repeats.
 
     The ``ranks`` field gives each shown candidate's rank (the shown order may be shuffled; an
     injected distractor takes the rank of the passage it replaced); records without it fall back
@@ -55,27 +55,27 @@ def _admitted_ranks(search: dict) -> list[int]:
 
 
 def departs_from_prefix(ranks: list[int]) -> bool:
-    """Whether an admitted set (its retrieval ranks) differs from the top-|S| rank prefix, i.e.
+    """Whether an opened set (its retrieval ranks) differs from the top-|S| rank prefix, i.e.
     holds a rank above |S| (SEEDS §4.3 / §C.1); an empty set is the empty prefix."""
     return any(rank > len(ranks) for rank in ranks)
 
 
-def admission_stats(records: list[dict]) -> dict[str, float]:
-    """SEEDS admission analyses, pooled over all search rounds (one round = one search: its
-    candidates and the subset admitted from them) of all questions.
+def opening_stats(records: list[dict]) -> dict[str, float]:
+    """SEEDS's admission analyses (the paper's word for opening), pooled over all search rounds (one
+    round = one search: its candidates and the subset opened from them) of all questions.
 
     - ``answer_bearing_hit_rate``: over rounds whose candidate pool held an answer-bearing passage,
-      the fraction where at least one admitted (opened) passage was answer-bearing (§C.1, Fig. 4a);
-    - ``beyond_prefix_fraction``: of all admitted passages, the share whose retrieval rank exceeds
-      the number admitted in that round (Table 3: the part a prefix of the same size would miss);
-    - ``prefix_departure_rate``: of the rounds that admitted at least one passage
-      (``admitting_rounds``), the share whose admitted set is not the rank prefix of its size
+      the fraction where at least one opened passage was answer-bearing (§C.1, Fig. 4a);
+    - ``beyond_prefix_fraction``: of all opened passages, the share whose retrieval rank exceeds
+      the number opened in that round (Table 3: the part a prefix of the same size would miss);
+    - ``prefix_departure_rate``: of the rounds that opened at least one passage
+      (``opening_rounds``), the share whose opened set is not the rank prefix of its size
       (§4.3: "prefix departures in roughly 80% of rounds");
-    - ``distractor_admission_rate`` (only when distractors were injected, ``distractor_rate`` > 0):
-      admitted injected distractors / injected distractors shown (§4.4: "fewer than 8%"), with
-      ``distractors_shown`` and ``distractors_admitted``.
+    - ``distractor_open_rate`` (only when distractors were injected, ``distractor_rate`` > 0):
+      opened injected distractors / injected distractors shown (§4.4's distractor admission: "fewer
+      than 8%"), with ``distractors_shown`` and ``distractors_opened``.
     """
-    pool_rounds = hit_rounds = admitted = beyond = admitting = departing = shown_fake = admitted_fake = 0
+    pool_rounds = hit_rounds = opened_total = beyond = opening = departing = shown_fake = opened_fake = 0
     for record in records:
         for search in record.get("searches", []):
             bearing = search.get("answer_bearing", [])
@@ -83,24 +83,24 @@ def admission_stats(records: list[dict]) -> dict[str, float]:
             if any(bearing):
                 pool_rounds += 1
                 hit_rounds += any(bearing[i - 1] for i in opened)
-            ranks = _admitted_ranks(search)
-            admitted += len(ranks)
+            ranks = _opened_ranks(search)
+            opened_total += len(ranks)
             beyond += sum(1 for rank in ranks if rank > len(ranks))
-            admitting += bool(ranks)
+            opening += bool(ranks)
             departing += departs_from_prefix(ranks)
             fake = search.get("distractor") or []
             shown_fake += sum(map(bool, fake))
-            admitted_fake += sum(1 for i in opened if 1 <= i <= len(fake) and fake[i - 1])
+            opened_fake += sum(1 for i in opened if 1 <= i <= len(fake) and fake[i - 1])
     out = {
         "answer_bearing_hit_rate": hit_rounds / pool_rounds if pool_rounds else math.nan,
         "answer_bearing_rounds": pool_rounds,
-        "beyond_prefix_fraction": beyond / admitted if admitted else math.nan,
-        "prefix_departure_rate": departing / admitting if admitting else math.nan,
-        "admitting_rounds": admitting,
+        "beyond_prefix_fraction": beyond / opened_total if opened_total else math.nan,
+        "prefix_departure_rate": departing / opening if opening else math.nan,
+        "opening_rounds": opening,
     }
     if shown_fake:
-        out.update(distractor_admission_rate=admitted_fake / shown_fake, distractors_shown=shown_fake,
-                   distractors_admitted=admitted_fake)
+        out.update(distractor_open_rate=opened_fake / shown_fake, distractors_shown=shown_fake,
+                   distractors_opened=opened_fake)
     return out
 
 
@@ -130,7 +130,7 @@ def thinking_cut_offs(records: list[dict]) -> dict[str, int]:
 def summarize(records: list[dict]) -> dict:
     """The ``metrics.json`` of a run: :func:`envs.report.summarize_episodes` of its records (the
     names and pooled formulas every consumer uses) plus the LLM's cost, latency, thinking cut-offs,
-    the SEEDS admission analyses with the matched-prefix hit-rate gain
+    the SEEDS admission analyses (:func:`opening_stats`) with the matched-prefix hit-rate gain
     (:func:`inference.paper_metrics.matched_prefix_gain`), the finish reasons and, for KAIR, its
     code's own denominator (``kair_own_denominator``: :func:`inference.paper_metrics.kair_own_denominator`)."""
     out: dict = {"questions": len(records)}
@@ -143,24 +143,13 @@ def summarize(records: list[dict]) -> dict:
     out["llm_tokens_out_per_question"] = _mean([r["llm_completion_tokens"] for r in records])
     out["mean_latency_s"] = _mean([r["latency_s"] for r in records])
     out.update(thinking_cut_offs(records))
-    out.update(admission_stats(records))
+    out.update(opening_stats(records))
     out.update(matched_prefix_gain(records))
     out["answered_only"] = answered_only(records)
     if any(is_kair_record(r) for r in records):
         out["kair_own_denominator"] = kair_own_denominator(records)
     out["finish_reasons"] = dict(Counter(r["finish_reason"] for r in records).most_common())
     return out
-
-
-# metrics.json of runs written before the names were unified -> today's names
-LEGACY_NAMES = {"docs_per_question": "docs_read_per_question", "invalid_actions_per_question": "invalid_per_question",
-                "reward": "reward_mean", "positive_open_rate": "open_rate_positive",
-                "negative_open_rate": "open_rate_negative"}
-
-
-def with_current_names(metrics: dict) -> dict:
-    """A ``metrics.json`` read from disk, its older metric names renamed to today's."""
-    return {LEGACY_NAMES.get(key, key): value for key, value in metrics.items()}
 
 
 def _cell(value, fmt: str) -> str:

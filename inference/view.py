@@ -21,9 +21,10 @@ from pathlib import Path
 
 from envs.atomic import atomic_write
 from envs.question_match import QuestionMismatchError, check_same_questions, record_digests
+from envs.report import with_current_names
 from inference.compare import CompareError, compare_records
 from inference.predictions import PredictionsFileError, load_predictions
-from inference.run_metrics import summarize, with_current_names
+from inference.run_metrics import summarize
 from inference.shards import run_records, shard_files
 from inference.view_records import evaluation_question, training_sample
 
@@ -98,7 +99,8 @@ def load_run(run: str | Path, max_chars: int = DEFAULT_MAX_TEXT_CHARS, prompts: 
                 "metrics": metrics or summarize(records), "questions": questions, "records": records}
     questions = [training_sample(s, max_chars) for s in _read_samples(path)]
     return {"name": name, "kind": kind, "path": str(path), "config": _read_json(folder / "config.json") or {},
-            "metrics": _read_json(folder / "eval.json") or {}, "questions": questions, "records": None}
+            "metrics": with_current_names(_read_json(folder / "eval.json") or {}), "questions": questions,
+            "records": None}
 
 
 def embedded_json(data) -> str:

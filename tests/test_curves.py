@@ -16,7 +16,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def update_record(update: int, critic_only: bool = False) -> dict:
-    return {"update": update, "reward_mean": 0.1 * update, "em": 0.05 * update, "selection_precision": 0.5,
+    return {"update": update, "reward_mean": 0.1 * update, "em": 0.05 * update, "precision": 0.5,
             "kl": 0.0 if critic_only else 0.01 * update, "entropy": math.nan if critic_only else 1.0,
             "value_loss": 0.2, "explained_variance": 0.1 * update, "critic_only": float(critic_only)}
 
@@ -36,8 +36,8 @@ AFTER_OUTCOMES = {"reward": [0.5, 0.4, 0.1, 0.6], "em": [1.0, 0.0, 0.0, 1.0],
                   "positives_opened": [1.0, 1.0, 1.0, 2.0], "docs_read": [1.0, 1.0, 2.0, 2.0]}
 # as training.ppo writes it (comparison rows from training.evaluation.policy_eval.compare_runs)
 EVALUATION = {
-    "before": {"reward_mean": 0.1, "em": 0.25, "selection_precision": 4 / 9},
-    "after": {"reward_mean": 0.4, "em": 0.5, "selection_precision": 5 / 6},
+    "before": {"reward_mean": 0.1, "em": 0.25, "precision": 4 / 9},
+    "after": {"reward_mean": 0.4, "em": 0.5, "precision": 5 / 6},
     "questions": 4,
     "comparison": {"reward": {"before": 0.1, "after": 0.4, "diff": 0.3, "lo": 0.1, "hi": 0.5},
                    "em": {"before": 0.25, "after": 0.5, "diff": 0.25, "lo": 0.0, "hi": 0.5},
@@ -68,7 +68,7 @@ def test_missing_eval_json_still_plots_the_updates(tmp_path):
 
 
 def test_evaluation_alone_plots_and_partial_sides_are_tolerated(tmp_path):
-    write_eval(tmp_path, {"before": None, "after": {"em": 0.3, "selection_precision": "n/a"}, "comparison": [],
+    write_eval(tmp_path, {"before": None, "after": {"em": 0.3, "precision": "n/a"}, "comparison": [],
                           "per_question": {"after": {"em": [1.0]}}})
     assert_valid_png(write_curves(tmp_path))
 
@@ -150,12 +150,12 @@ def test_panels_draw_bootstrap_error_bars_and_the_paired_difference(tmp_path):
     assert set(axes) == {title for _, title in curves.PANELS}
     assert axes["EM"].get_title().splitlines()[1] == "after − before: +0.250 [+0.000, +0.500]"
     assert axes["reward"].get_title().splitlines()[1] == "after − before: +0.300 [+0.100, +0.500]"
-    bars = error_bars(axes["selection precision"])
+    bars = error_bars(axes["precision (positives / documents opened)"])
     assert [x for x, _, _ in bars] == [0.0, 3.0]  # before left of update 1, after at the last update
     for (_, low, high), side in zip(bars, ("before", "after")):
         expected = curves.bootstrap_interval(curves.question_outcomes(EVALUATION, side), "precision")
         assert (low, high) == pytest.approx(expected)
-        assert low <= EVALUATION[side]["selection_precision"] <= high
+        assert low <= EVALUATION[side]["precision"] <= high
     assert error_bars(axes["KL to reference"]) == [] and list(axes["KL to reference"].texts) == []
     assert curves.critic_only_spans(records) == [(1.0, 2.0)]
 
@@ -164,7 +164,7 @@ def test_bootstrap_interval_of_a_constant_outcome_is_a_point():
     outcomes = {"reward": [0.5] * 5, "em": [1.0] * 5, "positives_opened": [1.0] * 5, "docs_read": [2.0] * 5}
     evaluation = {"per_question": {"after": outcomes}}
     assert curves.evaluation_interval(evaluation, "after", "em") == (1.0, 1.0)
-    assert curves.evaluation_interval(evaluation, "after", "selection_precision") == (0.5, 0.5)
+    assert curves.evaluation_interval(evaluation, "after", "precision") == (0.5, 0.5)
     assert curves.evaluation_interval(evaluation, "after", "kl") is None  # no evaluation statistic
     assert curves.evaluation_interval(evaluation, "before", "em") is None
 

@@ -2,7 +2,7 @@
 import pytest
 
 from envs.report import summarize_episodes
-from inference.run_metrics import summarize, with_current_names
+from inference.run_metrics import summarize
 from training.rollouts.rollout import Episode, rollout_stats
 
 
@@ -18,16 +18,16 @@ SUMMARIES = [env_summary(1, 0, 1, 5, 1.0, 1.1), env_summary(1, 3, 2, 5, 0.0, -0.
 
 def test_selection_figures_are_pooled_and_means_count_every_episode():
     out = summarize_episodes(SUMMARIES)
-    assert out["selection_precision"] == pytest.approx(2 / 5)  # pooled; per-episode mean would be 0.625
-    assert out["open_rate_positive"] == pytest.approx(2 / 3)
-    assert out["open_rate_negative"] == pytest.approx(3 / 7)
+    assert out["precision"] == pytest.approx(2 / 5)  # pooled; per-episode mean would be 0.625
+    assert out["recall"] == pytest.approx(2 / 3)
+    assert out["fallout"] == pytest.approx(3 / 7)
     assert out["em"] == 0.5 and out["answered"] == 0.5 and out["reward_mean"] == pytest.approx(0.5)
     assert out["docs_read_per_question"] == 2.5 and out["positives_missed_per_question"] == 0.5
 
 
 def test_opening_nothing_has_precision_zero_and_missing_keys_count_zero():
     out = summarize_episodes([{"metrics": {"em": 0.0}, "reward": 0.0}])
-    assert out["selection_precision"] == 0.0 and out["docs_read_per_question"] == 0.0 and out["f1"] == 0.0
+    assert out["precision"] == 0.0 and out["docs_read_per_question"] == 0.0 and out["f1"] == 0.0
     assert summarize_episodes([]) == {"episodes": 0}
 
 
@@ -39,10 +39,6 @@ def test_training_logs_and_evaluation_report_the_same_figures():
                 "llm_prompt_tokens": 5, "llm_completion_tokens": 2, "latency_s": 0.1, "finish_reason": "answer",
                 "searches": []} for s in SUMMARIES]
     training, evaluation = rollout_stats(episodes), summarize(records)
-    for key in ("selection_precision", "open_rate_positive", "open_rate_negative", "em", "reward_mean",
+    for key in ("precision", "recall", "fallout", "em", "reward_mean",
                 "docs_read_per_question", "searches_per_question", "invalid_per_question", "answered"):
         assert training[key] == pytest.approx(evaluation[key]), key
-
-
-def test_old_metrics_files_read_under_todays_names():
-    assert with_current_names({"docs_per_question": 2.0, "em": 0.5}) == {"docs_read_per_question": 2.0, "em": 0.5}

@@ -11,7 +11,7 @@ from envs.retrieval.encoders import load_encoder
 from envs.retrieval.index import build_index
 from inference import evaluate as ev
 from inference.predictions import PredictionsFileError, PredictionWriter, load_predictions
-from inference.run_metrics import admission_stats
+from inference.run_metrics import opening_stats
 
 QUESTIONS = [
     {"id": "a", "question": "What is the capital of France?", "golden_answers": ["Paris"]},
@@ -170,13 +170,13 @@ def test_prediction_file_guards(tmp_path):
         load_predictions(path)
 
 
-def test_admission_stats_follow_the_seeds_definitions():
+def test_opening_stats_follow_the_seeds_definitions():
     records = [{"searches": [
         {"answer_bearing": [False, True, False, False], "expanded": [2, 3]},  # hit; rank 3 beyond prefix 2
-        {"answer_bearing": [True, False], "expanded": [2]},  # pool has one, admitted missed it; beyond
+        {"answer_bearing": [True, False], "expanded": [2]},  # pool has one, the opened one missed it; beyond
         {"answer_bearing": [False, False], "expanded": [1]},  # no answer-bearing candidate: not counted
     ]}]
-    stats = admission_stats(records)
+    stats = opening_stats(records)
     assert stats["answer_bearing_hit_rate"] == 0.5 and stats["answer_bearing_rounds"] == 2
     assert stats["beyond_prefix_fraction"] == pytest.approx(2 / 4)
 

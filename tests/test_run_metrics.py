@@ -1,4 +1,4 @@
-"""Run metrics: SEEDS admission statistics, the answered-only (paper-style) section, the table."""
+"""Run metrics: SEEDS admission (opening) statistics, the answered-only (paper-style) section, the table."""
 import json
 import math
 
@@ -7,7 +7,7 @@ from test_evaluate import argv, setup  # noqa: F401  (the evaluation fixture)
 
 from inference import evaluate as ev
 from inference.predictions import load_predictions
-from inference.run_metrics import admission_stats, answered_only, departs_from_prefix, format_table, summarize
+from inference.run_metrics import answered_only, departs_from_prefix, format_table, opening_stats, summarize
 
 
 def search(ranks, expanded, distractor=None, bearing=None):
@@ -24,20 +24,20 @@ def test_prefix_departure_uses_retrieval_ranks_not_shown_numbers():
         search([1, 2, 3], []),  # admits nothing: not a round of the departure rate
         search([1, 2], [1, 2]),  # everything (a prefix method): no departure
     ]}]
-    stats = admission_stats(records)
-    assert stats["admitting_rounds"] == 3 and stats["prefix_departure_rate"] == pytest.approx(1 / 3)
+    stats = opening_stats(records)
+    assert stats["opening_rounds"] == 3 and stats["prefix_departure_rate"] == pytest.approx(1 / 3)
     assert stats["beyond_prefix_fraction"] == pytest.approx(1 / 6)
-    assert "distractor_admission_rate" not in stats  # no distractors were injected
+    assert "distractor_open_rate" not in stats  # no distractors were injected
 
 
-def test_distractor_admission_rate_pools_injected_candidates():
+def test_distractor_open_rate_pools_injected_candidates():
     records = [
-        {"searches": [search([1, 2, 3, 4], [1, 2], distractor=[True, False, True, True])]},  # 3 shown, 1 admitted
-        {"searches": [search([1, 2], [2, 2], distractor=[False, True])]},  # 1 shown, admitted (once)
+        {"searches": [search([1, 2, 3, 4], [1, 2], distractor=[True, False, True, True])]},  # 3 shown, 1 opened
+        {"searches": [search([1, 2], [2, 2], distractor=[False, True])]},  # 1 shown, opened (once)
     ]
-    stats = admission_stats(records)
-    assert stats["distractors_shown"] == 4 and stats["distractors_admitted"] == 2
-    assert stats["distractor_admission_rate"] == 0.5
+    stats = opening_stats(records)
+    assert stats["distractors_shown"] == 4 and stats["distractors_opened"] == 2
+    assert stats["distractor_open_rate"] == 0.5
 
 
 def record(rid, prediction, em, finish, docs=1):
@@ -62,7 +62,7 @@ def test_answered_only_excludes_failed_questions_and_counts_them():
     assert "EM-answered" in table[0] and "0.500" in table[2]
 
 
-def test_a_run_with_injected_distractors_reports_their_admission(setup, tmp_path):  # noqa: F811
+def test_a_run_with_injected_distractors_reports_how_many_were_opened(setup, tmp_path):  # noqa: F811
     env = tmp_path / "env.yaml"
     env.write_text("distractor_rate: 0.5\n")
     ev.main(argv(setup, "seeds-react", "--env_config", str(env)))
@@ -70,8 +70,8 @@ def test_a_run_with_injected_distractors_reports_their_admission(setup, tmp_path
     records = load_predictions(setup["out"] / "predictions.jsonl")
     rounds = [s for r in records for s in r["searches"]]
     shown = sum(sum(s["distractor"]) for s in rounds)
-    admitted = sum(s["distractor"][i - 1] for s in rounds for i in s["expanded"])
+    opened = sum(s["distractor"][i - 1] for s in rounds for i in s["expanded"])
     assert shown > 0 and metrics["distractors_shown"] == shown
-    assert metrics["distractor_admission_rate"] == pytest.approx(admitted / shown)
+    assert metrics["distractor_open_rate"] == pytest.approx(opened / shown)
     assert metrics["answered_only"]["questions"] == 3 and metrics["answered_only"]["em"] == pytest.approx(1 / 3)
     assert not math.isnan(metrics["prefix_departure_rate"])

@@ -48,7 +48,7 @@ def test_preview_episode_and_reward_arithmetic(retriever, examples):
     ep = info["episode"]
     assert ep["metrics"]["em"] == 1.0
     assert (ep["positives_opened"], ep["negatives_opened"], ep["positives_missed"], ep["docs_read"]) == (1, 1, 1, 2)
-    assert ep["selection_precision"] == 0.5
+    assert ep["precision"] == 0.5
     assert ep["searches"][0]["expanded_ids"] == ["p0", shown[negative - 1].id]
     assert ep["doc_tokens"] > 0
 

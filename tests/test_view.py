@@ -151,7 +151,7 @@ def test_compare_pairs_questions_and_says_whether_a_difference_is_real():
     assert report["questions_paired"] == 60 and report["questions_only_in_other"] == 1
     em = report["metrics"]["em"]
     assert (em["before"], em["after"], em["diff"]) == (0.0, 1.0, 1.0) and em["significant"]
-    assert report["metrics"]["selection_precision"]["after"] == 0.5
+    assert report["metrics"]["precision"]["after"] == 0.5
     noisy = [record(i, i % 2) for i in range(60)]
     flipped = [record(i, (i + 1) % 2) for i in range(60)]
     same = compare_records(noisy, flipped)["metrics"]["em"]

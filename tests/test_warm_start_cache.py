@@ -132,7 +132,7 @@ def test_evaluation_key_ignores_only_optimisation_settings(tmp_path, retriever, 
 
 def test_a_cached_evaluation_must_hold_every_question(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "cache"))
-    stats = {"em": 0.5, "selection_precision": 0.25, "reward_mean": 0.1, "docs_read_per_question": 2.0}
+    stats = {"em": 0.5, "precision": 0.25, "reward_mean": 0.1, "docs_read_per_question": 2.0}
     outcomes = {name: np.arange(3, dtype=np.float64) for name in OUTCOME_KEYS}
     warm_start_cache.store_evaluation("k", stats, outcomes)
     loaded_stats, loaded = warm_start_cache.load_evaluation("k", 3)

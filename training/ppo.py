@@ -318,7 +318,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     if run.eval_examples:
         eval_start, outcomes_start = evaluate_before(run, resumed=resume_from is not None)
         accelerator.print(f"[ppo] eval before (update {start_update}): EM {eval_start['em']:.3f} "
-                          f"selection precision {eval_start['selection_precision']:.3f} "
+                          f"precision {eval_start['precision']:.3f} "
                           f"reward {eval_start['reward_mean']:.3f} on {len(run.eval_examples)} held-out questions"
                           + (f" (an earlier run's evaluation of the same weights: {eval_start['cached_from']})"
                              if "cached_from" in eval_start else ""))

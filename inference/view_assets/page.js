@@ -4,8 +4,8 @@
 const DATA = JSON.parse(document.getElementById("run-data").textContent);
 const RUNS = DATA.runs;
 const ROW_HEIGHT = 30;
-const MAIN_METRICS = ["em", "f1", "cover_em", "acc", "reward_mean", "answered", "selection_precision",
-  "open_rate_positive", "searches_per_question", "docs_read_per_question", "invalid_per_question",
+const MAIN_METRICS = ["em", "f1", "cover_em", "acc", "reward_mean", "answered", "precision",
+  "recall", "searches_per_question", "docs_read_per_question", "invalid_per_question",
   "questions"];
 
 function el(tag, attrs, ...children) {

@@ -52,6 +52,7 @@ if __package__ in (None, ""):  # `python training/evaluation/curves.py RUN_DIR`
 
 from envs.atomic import atomic_write
 from envs.bootstrap import bootstrap_interval as shared_bootstrap_interval
+from envs.report import with_current_names
 from training.evaluation.policy_eval import CORE_OUTCOME_KEYS, OPTIONAL_OUTCOME_KEYS, STATISTIC_KEYS, STATISTICS
 
 METRICS_FILE = "metrics.jsonl"
@@ -63,8 +64,8 @@ EVAL_SIDES = ("before", "after")
 PANELS = (
     ("reward_mean", "reward"),
     ("em", "EM"),
-    ("selection_precision", "selection precision"),
-    ("open_rate_positive", "recall (positives opened / shown)"),
+    ("precision", "precision (positives / documents opened)"),
+    ("recall", "recall (positives opened / shown)"),
     ("docs_read_per_question", "documents read per question"),
     ("verdict_auc", "verdict AUC of π(yes)"),
     ("kl", "KL to reference"),
@@ -75,8 +76,8 @@ PANELS = (
 PERIODIC_PREFIX = "eval/"
 
 # the statistic of training.evaluation.policy_eval (eval.json's comparison / per_question) behind a panel's metric
-STATISTIC_OF_METRIC = {"reward_mean": "reward", "em": "em", "selection_precision": "precision",
-                       "open_rate_positive": "recall", "docs_read_per_question": "docs"}
+STATISTIC_OF_METRIC = {"reward_mean": "reward", "em": "em", "precision": "precision", "recall": "recall",
+                       "docs_read_per_question": "docs"}
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_LEVEL = 0.95
 
@@ -103,8 +104,9 @@ def finite_or_nan(value) -> float:
 def read_metrics(path: Path) -> list[dict]:
     """The update records of ``metrics.jsonl``, one per update, sorted by update.
 
-    Each record gets ``update`` as a float (its position when the line has none). Blank lines are
-    skipped; any other line that is not a JSON object raises :class:`RunFileError`.
+    Each record gets ``update`` as a float (its position when the line has none) and today's metric
+    names (:func:`envs.report.with_current_names`). Blank lines are skipped; any other line that is
+    not a JSON object raises :class:`RunFileError`.
     """
     by_update: dict[float, dict] = {}
     with open(path, encoding="utf-8") as handle:
@@ -121,12 +123,12 @@ def read_metrics(path: Path) -> list[dict]:
             update = finite_or_nan(record.get("update"))
             if math.isnan(update):
                 update = float(len(by_update) + 1)
-            by_update[update] = {**record, "update": update}  # a resumed run's record replaces the old one
+            by_update[update] = {**with_current_names(record), "update": update}  # a resumed run's wins
     return [by_update[update] for update in sorted(by_update)]
 
 
 def read_evaluation(path: Path) -> dict | None:
-    """``eval.json`` as a dict, or None when the file does not exist."""
+    """``eval.json`` as a dict, its older metric names renamed to today's, or None when the file does not exist."""
     if not path.is_file():
         return None
     try:
@@ -135,7 +137,7 @@ def read_evaluation(path: Path) -> dict | None:
         raise RunFileError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from err
     if not isinstance(evaluation, dict):
         raise RunFileError(f"{path}: expected a JSON object, got {type(evaluation).__name__}")
-    return evaluation
+    return with_current_names(evaluation)
 
 
 def evaluation_value(evaluation: dict, side: str, metric: str) -> float:

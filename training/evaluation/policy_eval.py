@@ -102,7 +102,7 @@ def verdict_ranking(pairs: Sequence[tuple[bool, float]]) -> dict[str, float]:
 
 # each statistic and the per-question outcomes it reads: one key, its mean over questions; two keys
 # (numerator, denominator), their pooled ratio (precision: positives opened / documents read; recall:
-# positives opened / positives shown, inference.compare's open_rate_positive); three keys (hits, selected,
+# positives opened / positives shown, as in envs.report); three keys (hits, selected,
 # relevant), the pooled F1 of the selection (f1: the harmonic mean of the pooled precision and recall)
 STATISTIC_KEYS: dict[str, tuple[str, ...]] = {
     "reward": ("reward",), "em": ("em",), "precision": ("positives_opened", "docs_read"),

@@ -23,14 +23,13 @@ from training.rollouts.rollout import RolloutConfig, collect_rollouts, rollout_s
 from training.runtime.distributed import reduce_mean
 
 # Metrics averaged over processes (rollout_stats keys plus the trainer's).
-ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "selection_precision", "open_rate_positive",
-                "open_rate_negative", "docs_read_per_question", "searches_per_question", "actions_per_question",
+ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "precision", "recall", "fallout",
+                "docs_read_per_question", "searches_per_question", "actions_per_question",
                 "invalid_per_question", "model_tokens_mean", "episode_tokens_mean", "finish/answer",
                 "finish/action_limit", "finish/context_limit", "finish/error")
 SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
 # the greedy held-out evaluation's figures logged every ``eval_every`` updates as eval/<key> (curves.png)
-PERIODIC_EVAL_KEYS = ("reward_mean", "em", "selection_precision", "open_rate_positive", "docs_read_per_question",
-                      "verdict_auc")
+PERIODIC_EVAL_KEYS = ("reward_mean", "em", "precision", "recall", "docs_read_per_question", "verdict_auc")
 
 
 def greedy_rollout_config(rollout: RolloutSettings, seed: int) -> RolloutConfig:
@@ -124,7 +123,7 @@ def report_before_after(accelerator, out: Path, eval_start: dict, eval_end: dict
 
 def format_update_stats(stats: dict[str, float]) -> str:
     """The short per-update log line: reward, EM, precision, KL, entropy, clipping, critic, speed."""
-    names = [("reward_mean", "R", ".3f"), ("em", "EM", ".2f"), ("selection_precision", "selP", ".2f"),
+    names = [("reward_mean", "R", ".3f"), ("em", "EM", ".2f"), ("precision", "prec", ".2f"),
              ("kl", "KL", ".4f"), ("entropy", "H", ".2f"), ("clip_frac", "clip", ".3f"),
              ("value_loss", "VL", ".4f"), ("explained_variance", "EV", ".2f"),
              ("sampler_logp_gap", "|dlogp|", ".4f"), ("tokens_per_s", "tok/s", ".0f")]

@@ -79,7 +79,7 @@ TRAINING_ONLY = (
 
 
 # the before-evaluation stats the trainer prints and compares, whatever else a cached entry holds
-STATS_READ = ("em", "selection_precision", "reward_mean", "docs_read_per_question")
+STATS_READ = ("em", "precision", "reward_mean", "docs_read_per_question")
 
 
 @contextlib.contextmanager
