@@ -7,7 +7,7 @@ from pathlib import Path
 
 from envs import typed_config
 from envs.previews import PreviewConfig
-from envs.protocol import EXPAND_FORMS, JUDGE_CONTEXTS
+from envs.protocol import JudgeForm, judge_form
 from envs.rewards import RewardConfig
 
 ADMISSION_MODES = ("preview", "prefix")
@@ -41,12 +41,7 @@ class EnvConfig:
     def __post_init__(self) -> None:
         if self.admission not in ADMISSION_MODES:
             raise ValueError(f"admission must be one of {ADMISSION_MODES}, not {self.admission!r}")
-        if self.expand_form not in EXPAND_FORMS:
-            raise ValueError(f"expand_form must be one of {EXPAND_FORMS}, not {self.expand_form!r}")
-        if self.judge_context not in JUDGE_CONTEXTS:
-            raise ValueError(f"judge_context must be one of {JUDGE_CONTEXTS}, not {self.judge_context!r}")
-        if self.judge_context != "stream" and self.expand_form != "judge":
-            raise ValueError(f"judge_context {self.judge_context!r} needs expand_form: judge")
+        judge_form(self.expand_form, self.judge_context)  # refuses a form that is none of the three
         if self.duplicate_query not in DUPLICATE_QUERY_POLICIES:
             raise ValueError(f"duplicate_query must be one of {DUPLICATE_QUERY_POLICIES}")
         if not 0.0 <= self.distractor_rate <= 1.0:
@@ -56,6 +51,12 @@ class EnvConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_expand < 0:
             raise ValueError("max_expand must be >= 0")
+
+    @property
+    def judge_form(self) -> JudgeForm:
+        """How the policy chooses what to open (:class:`envs.protocol.JudgeForm`), from
+        ``expand_form`` and ``judge_context``: the one place the two are read together."""
+        return judge_form(self.expand_form, self.judge_context)
 
     @classmethod
     def from_dict(cls, values: dict) -> EnvConfig:

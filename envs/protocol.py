@@ -31,6 +31,42 @@ _SNAPSHOT_LINE = re.compile(r"^\[(\d+)\] ", re.MULTILINE)
 
 
 @dataclass(frozen=True)
+class JudgeForm:
+    """How a policy says which candidates to open, chosen once from the env config
+    (:func:`judge_form`, ``EnvConfig.judge_form``) and asked, never re-derived from the two mode
+    strings: :data:`LIST_FORM` (one ``<expand>`` naming ids), :data:`STREAM_FORM` (one verdict token
+    per candidate, interleaved in the episode's own token stream) or :data:`ALONE_FORM` (one verdict
+    per candidate in a short context of its own; the stream shows the snapshot and the expand they make)."""
+    name: str  # "list" | "stream" | "alone"
+    judged: bool  # one verdict token per candidate (expand_form: judge)
+    alone: bool  # the verdicts are made outside the episode's stream (judge_context: alone)
+
+    @property
+    def in_stream(self) -> bool:
+        """Verdicts interleaved in the episode's stream: the snapshot is laid out candidate by candidate."""
+        return self.judged and not self.alone
+
+
+LIST_FORM = JudgeForm("list", judged=False, alone=False)
+STREAM_FORM = JudgeForm("stream", judged=True, alone=False)
+ALONE_FORM = JudgeForm("alone", judged=True, alone=True)
+_FORMS = {("list", "stream"): LIST_FORM, ("judge", "stream"): STREAM_FORM, ("judge", "alone"): ALONE_FORM}
+
+
+def judge_form(expand_form: str = "list", judge_context: str = "stream") -> JudgeForm:
+    """The :class:`JudgeForm` of an env's ``expand_form`` and ``judge_context``; a combination that
+    is none of the three raises ``ValueError`` with the reason."""
+    if expand_form not in EXPAND_FORMS:
+        raise ValueError(f"expand_form must be one of {EXPAND_FORMS}, not {expand_form!r}")
+    if judge_context not in JUDGE_CONTEXTS:
+        raise ValueError(f"judge_context must be one of {JUDGE_CONTEXTS}, not {judge_context!r}")
+    form = _FORMS.get((expand_form, judge_context))
+    if form is None:
+        raise ValueError(f"judge_context {judge_context!r} needs expand_form: judge")
+    return form
+
+
+@dataclass(frozen=True)
 class SearchAction:
     query: str
 

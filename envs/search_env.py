@@ -196,7 +196,7 @@ class SearchEnv(gym.Env):
             if len(action.ids) > cfg.max_expand:
                 return f"at most {cfg.max_expand} candidates may be expanded at once"
             n = len(episode.latest.hits)
-            if cfg.expand_form == "judge":
+            if cfg.judge_form.judged:
                 return self._judgement_violation(action, episode.latest)
             bad = [i for i in action.ids if not 1 <= i <= n]
             if bad:
@@ -242,7 +242,7 @@ class SearchEnv(gym.Env):
         episode.awaiting_expand = True
         previews = [make_preview(h.title, h.text, query, cfg.preview, self.counter) for h in hits]
         body = self._capped(snapshot_lines(previews))
-        if cfg.expand_form == "judge" and cfg.judge_question:  # restated beside every preview by judge_chunks
+        if cfg.judge_form.judged and cfg.judge_question:  # restated beside every preview by judge_chunks
             body = f"{SNAPSHOT_QUESTION}{' '.join(episode.example.question.split())}\n{body}"
         observation = format_snapshot(body)
         if body.endswith(TRUNCATION_MARK):

@@ -121,19 +121,18 @@ class SeedsR1(Method):
     @staticmethod
     def prompt(question: str, env: EnvConfig) -> str:
         """The SEEDS-R1 prompt for ``question`` in ``env`` (its limits; the judgement form's wording)."""
-        template = r1.SEEDS_R1_JUDGE if env.expand_form == "judge" else r1.SEEDS_R1
+        template = r1.SEEDS_R1_JUDGE if env.judge_form.judged else r1.SEEDS_R1
         return template.format(**limits_text(env), question=question)
 
     async def run(self, ctx: QuestionContext) -> None:
         env = ctx.env.config
         transcript = TokenTranscript(self.prompt(ctx.question, env), ctx.tokenizer)
+        judge_with = SNAPSHOT_JUDGES[env.judge_form.name]  # chosen once: None in the list form
 
         async def judge(outcome: StepOutcome, model_text: str) -> str | None:
-            if env.expand_form != "judge":
+            if judge_with is None:
                 return None
-            if env.judge_context == "alone":
-                return await judge_alone_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts)
-            return await judge_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts)
+            return await judge_with(ctx, transcript, outcome.observation, self.constrain_verdicts)
 
         await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer,
                               on_observation=judge)
@@ -189,3 +188,8 @@ async def judge_alone_snapshot(ctx: QuestionContext, transcript: TokenTranscript
     transcript.add_text(action)
     outcome = await ctx.step(action)
     return outcome.observation
+
+
+# the evaluation's judge of a snapshot, by the env's judge form (envs.protocol.JudgeForm): none in the list form
+# (the policy writes its <expand>), the stream's verdicts, or each candidate judged alone
+SNAPSHOT_JUDGES = {"list": None, "stream": judge_snapshot, "alone": judge_alone_snapshot}

@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from envs.protocol import JUDGE_QUESTION, JUDGE_WORDS
+from envs.protocol import JUDGE_QUESTION, JUDGE_WORDS, STREAM_FORM
 from envs.types import Hit, Passage, QAExample
 from methods.prompts import r1
 from training.config import LoraSettings, PPOConfig, with_values
@@ -138,7 +138,7 @@ def protocol_policy(setup, device: str | torch.device, dtype: torch.dtype, steps
     it searches, judges and answers, so its rewards differ between samples."""
     config = warm_start_config(setup)
     records = collect(config, setup["train"], setup["retriever"], tokenizer=setup["tok"])
-    rows = sft_rows(records, setup["tok"], max_length=config.max_length, expand_form="judge")
+    rows = sft_rows(records, setup["tok"], max_length=config.max_length, form=STREAM_FORM)
     model = random_llama(setup["tok"], init=0.02).to(device=device, dtype=dtype).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     pad = setup["tok"].pad_token_id

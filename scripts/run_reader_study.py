@@ -64,7 +64,7 @@ def teacher_forced(cfg: PPOConfig, model, tokenizer, examples: list, retriever, 
     """:func:`training.studies.reader_study.forced_answers` after the recipe's warm-start teacher on ``examples``."""
     records = collect_scripted(examples, retriever, env_config, warm_start_config(cfg).scripted_teacher(),
                                num_envs=cfg.rollout.num_envs, seed=cfg.evaluation.eval_seed, tokenizer=tokenizer)
-    return forced_answers(model, tokenizer, records, env_config.expand_form, env_config.judge_context,
+    return forced_answers(model, tokenizer, records, env_config.judge_form,
                           max_new_tokens=cfg.rollout.max_turn_tokens)
 
 

@@ -59,10 +59,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 def sample(cfg: PPOConfig, args, model, tokenizer, retriever, questions: list) -> tuple[list, list]:
     """(training episodes, held-out episodes) of ``questions[:train]`` and the next ``test``, at temperature 1."""
     env_config = cfg.env
-    if env_config.expand_form != "judge":
+    if not env_config.judge_form.judged:
         raise SystemExit(f"the recipe's env judges nothing (expand_form {env_config.expand_form!r}); "
                          "this diagnostic needs expand_form: judge")
-    if env_config.judge_context != "stream":
+    if not env_config.judge_form.in_stream:
         raise SystemExit("this diagnostic reads verdicts in the episode's token stream; the recipe judges each "
                          f"candidate {env_config.judge_context} (add `-- --env.judge_context stream`)")
     wanted = args.train_questions + args.test_questions

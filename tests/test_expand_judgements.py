@@ -2,7 +2,7 @@
 import pytest
 
 from envs.config import EnvConfig
-from envs.protocol import snapshot_candidates
+from envs.protocol import STREAM_FORM, snapshot_candidates
 from envs.search_env import SearchEnv
 from methods.seeds import SeedsR1
 
@@ -111,8 +111,8 @@ def test_sft_can_show_the_teachers_verdicts_without_training_them():
         {"role": "observation", "text": snapshot}, {"role": "model", "text": "<expand>[1] yes [2] no</expand>"},
         {"role": "observation", "text": "<information>\n[1] Paris\nParis is the capital.\n</information>"},
         {"role": "model", "text": "<answer>Paris</answer>"}], "accepted": True}
-    trained = tokenize_trajectory(record, tok, "judge")
-    shown = tokenize_trajectory(record, tok, "judge", train_verdicts=False)
+    trained = tokenize_trajectory(record, tok, STREAM_FORM)
+    shown = tokenize_trajectory(record, tok, STREAM_FORM, train_verdicts=False)
     assert trained["input_ids"] == shown["input_ids"]
     yes, no = (tok(w, add_special_tokens=False)["input_ids"][0] for w in (" yes", " no"))
     verdicts = [i for i, t in enumerate(trained["input_ids"]) if t in (yes, no) and trained["loss_mask"][i]]

@@ -13,7 +13,16 @@ import torch
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
 
 from envs.config import EnvConfig
-from envs.protocol import JUDGE_ALONE, JUDGE_WORDS, judge_alone_prompts, judge_token_ids, snapshot_candidates
+from envs.protocol import (
+    ALONE_FORM,
+    JUDGE_ALONE,
+    JUDGE_WORDS,
+    LIST_FORM,
+    STREAM_FORM,
+    judge_alone_prompts,
+    judge_token_ids,
+    snapshot_candidates,
+)
 from envs.rewards import verdict_reward_gap
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
@@ -26,6 +35,17 @@ from training.sft_config import WarmStartConfig
 from training.teachers.trajectories import alone_verdict_rows, sft_rows, tokenize_trajectory, trajectory_from_episode
 
 SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
+
+
+def test_the_judge_form_is_one_object_chosen_from_the_two_settings():
+    from methods.seeds import SNAPSHOT_JUDGES, judge_alone_snapshot, judge_snapshot
+
+    forms = {(f.name, f.judged, f.alone, f.in_stream) for f in (LIST_FORM, STREAM_FORM, ALONE_FORM)}
+    assert forms == {("list", False, False, False), ("stream", True, False, True), ("alone", True, True, False)}
+    assert EnvConfig().judge_form is LIST_FORM and EnvConfig(expand_form="judge").judge_form is STREAM_FORM
+    assert EnvConfig(expand_form="judge", judge_context="alone").judge_form is ALONE_FORM
+    # evaluation picks its snapshot judge by the form, once per question
+    assert SNAPSHOT_JUDGES == {"list": None, "stream": judge_snapshot, "alone": judge_alone_snapshot}
 
 
 def test_judge_context_is_checked():
@@ -55,8 +75,8 @@ def test_sft_shows_the_expand_of_verdicts_judged_alone_without_training_it():
         {"role": "observation", "text": SNAPSHOT}, {"role": "model", "text": expand},
         {"role": "observation", "text": "<information>\n[1] Paris\nParis is the capital.\n</information>"},
         {"role": "model", "text": "<answer>Paris</answer>"}], "accepted": True}
-    alone = tokenize_trajectory(record, tok, "judge", judge_context="alone")
-    listed = tokenize_trajectory(record, tok, "list")
+    alone = tokenize_trajectory(record, tok, ALONE_FORM)
+    listed = tokenize_trajectory(record, tok, LIST_FORM)
     assert alone["input_ids"] == listed["input_ids"]  # the snapshot as an observation, then the expand's text
     expand_ids = tok(expand, add_special_tokens=False)["input_ids"]
     start = next(i for i in range(len(alone["input_ids"])) if alone["input_ids"][i:i + len(expand_ids)] == expand_ids)
@@ -120,7 +140,7 @@ def test_an_episode_judged_alone_reads_back_as_a_record_with_its_expand(script_l
         actions = [s["text"] for s in record["segments"] if s["role"] == "model"]
         assert any(a.startswith("<search>") for a in actions) and any(a.startswith("<expand>[1]") for a in actions)
         assert record["reason"] != "search_without_expand"
-        layout = tokenize_trajectory(record, tokenizer, "judge", judge_context="alone")
+        layout = tokenize_trajectory(record, tokenizer, ALONE_FORM)
         assert layout["input_ids"] == episode.token_ids and layout["loss_mask"] == episode.loss_mask
 
 
@@ -137,13 +157,13 @@ def test_sft_verdict_rows_judged_alone_are_the_rollouts_verdict_rows(script_lm, 
         assert [r["input_ids"] for r in rows] == [v.token_ids for v in episode.verdict_rows]
         assert all(r["labels"][:-1] == [-100] * (len(r["labels"]) - 1) and r["labels"][-1] == r["input_ids"][-1]
                    for r in rows)
-        trained = sft_rows([record], tokenizer, expand_form="judge", judge_context="alone")
-        shown = sft_rows([record], tokenizer, expand_form="judge", judge_context="alone", train_verdicts=False)
+        trained = sft_rows([record], tokenizer, form=ALONE_FORM)
+        shown = sft_rows([record], tokenizer, form=ALONE_FORM, train_verdicts=False)
         assert trained[1:] == rows and len(shown) == 1 and trained[0] == shown[0]
-        assert sft_rows([record], tokenizer, expand_form="judge", judge_context="stream",
+        assert sft_rows([record], tokenizer, form=STREAM_FORM,
                         train_verdicts=True)[1:] == []  # the stream form trains its verdicts in the episode row
         # verdict_labels "both": each context twice, once with each verdict word, whatever the teacher chose
-        both = sft_rows([record], tokenizer, expand_form="judge", judge_context="alone", verdict_labels="both")[1:]
+        both = sft_rows([record], tokenizer, form=ALONE_FORM, verdict_labels="both")[1:]
         words = [tokenizer(w, add_special_tokens=False)["input_ids"] for w in JUDGE_WORDS]
         assert len(both) == 2 * len(rows)
         for k, row in enumerate(rows):

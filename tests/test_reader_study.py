@@ -9,6 +9,7 @@ import torch
 from conftest import OverlapRetriever
 
 from envs.config import EnvConfig
+from envs.protocol import ALONE_FORM
 from envs.types import QAExample
 from tests.tiny_models import tiny_tokenizer
 from training.evaluation.answer_sources import (
@@ -120,14 +121,13 @@ def teacher_records(retriever):
 def test_answer_context_is_the_trajectory_up_to_its_answer(teacher_records):
     tokenizer = tiny_tokenizer()
     for record in teacher_records:
-        whole = tokenize_trajectory(record, tokenizer, "judge", train_verdicts=False, judge_context="alone")
-        context = answer_context(record, tokenizer, "judge", "alone")
+        whole = tokenize_trajectory(record, tokenizer, ALONE_FORM, train_verdicts=False)
+        context = answer_context(record, tokenizer, ALONE_FORM)
         answer = tokenizer(record["segments"][-1]["text"], add_special_tokens=False)["input_ids"]
         assert whole["input_ids"] == context + answer + [tokenizer.eos_token_id]
         assert whole["loss_mask"][len(context):] == [1] * (len(answer) + 1)
     with pytest.raises(ValueError, match="does not end with an answer"):
-        answer_context({**teacher_records[0], "segments": teacher_records[0]["segments"][:-1]}, tokenizer,
-                       "judge", "alone")
+        answer_context({**teacher_records[0], "segments": teacher_records[0]["segments"][:-1]}, tokenizer, ALONE_FORM)
 
 
 def test_forced_answers_tell_a_reader_from_a_policy_that_answers_the_snapshot(teacher_records):
@@ -147,9 +147,9 @@ def test_forced_answers_tell_a_reader_from_a_policy_that_answers_the_snapshot(te
             f"[{n}] {title}\ntext of {title}" for n, title in opened) + "\n</information>"}
         segments[5] = {"role": "model", "text": f"<answer>{opened[0][1]}</answer>"}
         record["summary"]["answer"] = opened[0][1]
-    reader = forced_answers(RuleModel(tokenizer, "first_opened"), tokenizer, records, "judge", "alone")
+    reader = forced_answers(RuleModel(tokenizer, "first_opened"), tokenizer, records, ALONE_FORM)
     assert reader["episodes"] == len(records) == 8
     assert reader["teacher_answer"] == reader["first_opened"] == 8
-    skimmer = forced_answers(RuleModel(tokenizer, "first_shown"), tokenizer, records, "judge", "alone")
+    skimmer = forced_answers(RuleModel(tokenizer, "first_shown"), tokenizer, records, ALONE_FORM)
     assert skimmer["teacher_answer"] == skimmer["first_opened"] == 4
     assert skimmer["shown_not_opened"] == 4

@@ -229,7 +229,7 @@ def collect_rollouts(backend: LLMBackend, venv: SearchVectorEnv, examples: Seque
         warnings.warn("the rollout env counts observation caps in whitespace words, evaluation in policy tokens: "
                       "build SearchVectorEnv(..., tokenizer=backend.tokenizer)", stacklevel=2)
     verdict_ids: tuple[int, ...] = ()
-    if config.constrain_verdicts and venv.config.expand_form == "judge":
+    if config.constrain_verdicts and venv.config.judge_form.judged:
         verdict_ids = judge_token_ids(tokenizer)
     jobs = [(g, ex) for g, ex in enumerate(examples) for _ in range(config.samples_per_question)]
     episodes: list[Episode] = []
@@ -329,10 +329,11 @@ class _Batch:
                     answered.append(k)
                 continue
             open_rows.append(k)
-        judging = judging_rows(observations, open_rows) if self.venv.config.expand_form == "judge" else {}
-        alone = self.venv.config.judge_context == "alone"  # the snapshot is shown as it is, verdicts elsewhere
-        for k in open_rows:
-            if (alone or k not in judging) and self.append_prompt_text(slots[k], k, [f"\n{observations[k]}\n"]):
+        form = self.venv.config.judge_form
+        judging = judging_rows(observations, open_rows) if form.judged else {}
+        for k in open_rows:  # judged alone, the snapshot is shown as it is (its verdicts are made elsewhere)
+            if (form.alone or k not in judging) and self.append_prompt_text(slots[k], k,
+                                                                             [f"\n{observations[k]}\n"]):
                 slots[k].turn += 1
         if answered:
             self.append_eos(slots, answered)
@@ -343,7 +344,7 @@ class _Batch:
         """Snapshots in the judgement form: verdicts (:mod:`training.rollouts.rollout_judge`), then the expand
         step they make and its observation; the judgement is a turn of its own."""
         judging = {k: obs for k, obs in judging.items() if not slots[k].done}
-        if self.venv.config.judge_context == "stream":
+        if self.venv.config.judge_form.in_stream:
             for k in judging:
                 slots[k].turn += 1
         expands = judge_snapshots(self, slots, judging)

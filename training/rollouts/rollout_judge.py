@@ -65,9 +65,9 @@ def verdict_request(batch: Any, slot: Any, step: int) -> GenerationRequest:
 
 def judge_snapshots(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, str]:
     """The verdicts of the snapshots of ``pending`` rows (row -> snapshot observation) in the env's
-    ``judge_context``; returns row -> the expand action for the env (rows that ran out of context
-    are ended)."""
-    if batch.venv.config.judge_context == "alone":
+    judge form (:class:`envs.protocol.JudgeForm`); returns row -> the expand action for the env
+    (rows that ran out of context are ended)."""
+    if batch.venv.config.judge_form.alone:
         return judge_alone(batch, slots, pending)
     return judge_in_stream(batch, slots, {k: judge_chunks(obs) for k, obs in pending.items()})
 

@@ -28,7 +28,7 @@ import torch
 
 from envs.config import EnvConfig
 from envs.metrics import exact_match, normalize_answer
-from envs.protocol import AnswerAction, parse_action
+from envs.protocol import AnswerAction, JudgeForm, parse_action
 from training.evaluation.answer_sources import answer_sources
 from training.teachers.scripted_teacher import READER_RULES, ScriptedTeacherConfig, collect_scripted
 from training.teachers.trajectories import tokenize_trajectory
@@ -64,7 +64,7 @@ def teacher_table(examples: Sequence, retriever: Any, env_config: EnvConfig, see
     return table
 
 
-def answer_context(record: dict, tokenizer: Any, expand_form: str, judge_context: str) -> list[int]:
+def answer_context(record: dict, tokenizer: Any, form: JudgeForm) -> list[int]:
     """The token ids a policy's answer turn starts from in ``record`` (a trajectory that ended
     with an answer): its layout (:func:`training.teachers.trajectories.tokenize_trajectory`) up to that turn."""
     segments = list(record["segments"])
@@ -72,8 +72,7 @@ def answer_context(record: dict, tokenizer: Any, expand_form: str, judge_context
                                                                          AnswerAction):
         raise ValueError(f"trajectory {record.get('id')!r} does not end with an answer")
     before = {**record, "segments": segments[:-1], "ended_with_answer": False}
-    return tokenize_trajectory(before, tokenizer, expand_form, train_verdicts=False,
-                               judge_context=judge_context)["input_ids"]
+    return tokenize_trajectory(before, tokenizer, form, train_verdicts=False)["input_ids"]
 
 
 @torch.no_grad()
@@ -94,13 +93,13 @@ def greedy_turns(model: Any, tokenizer: Any, contexts: Sequence[list[int]], max_
     return texts
 
 
-def forced_answers(model: Any, tokenizer: Any, records: Sequence[dict], expand_form: str, judge_context: str,
+def forced_answers(model: Any, tokenizer: Any, records: Sequence[dict], form: JudgeForm,
                    max_new_tokens: int = 48) -> dict[str, Any]:
     """The policy's greedy answers after each teacher trajectory's own turns (those that ended with
     an answer): counts of :data:`ANSWER_SOURCES` (the teacher's openings), ``em``, and
     ``teacher_answer``: how many say what the teacher's reader said there."""
     records = [r for r in records if r.get("ended_with_answer") and r["summary"].get("answer") is not None]
-    contexts = [answer_context(r, tokenizer, expand_form, judge_context) for r in records]
+    contexts = [answer_context(r, tokenizer, form) for r in records]
     turns = greedy_turns(model, tokenizer, contexts, max_new_tokens)
     summaries, same = [], 0
     for record, turn in zip(records, turns):

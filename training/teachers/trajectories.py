@@ -30,8 +30,10 @@ from envs.data import example_from_record
 from envs.metrics import answer_bearing
 from envs.protocol import (
     JUDGE_WORDS,
+    LIST_FORM,
     AnswerAction,
     ExpandAction,
+    JudgeForm,
     SearchAction,
     judge_alone_prompts,
     judge_chunks,
@@ -234,15 +236,15 @@ def collect_with_method(examples: Sequence[QAExample], retriever: Any, method: s
 
 # ================================================================================ token layout
 
-def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list",
-                        train_verdicts: bool = True, judge_context: str = "stream") -> dict[str, list[int]]:
+def tokenize_trajectory(record: dict, tokenizer: Any, form: JudgeForm = LIST_FORM,
+                        train_verdicts: bool = True) -> dict[str, list[int]]:
     """``input_ids`` and ``loss_mask`` exactly as :func:`training.rollouts.rollout.collect_rollouts` lays
-    out the same episode (the EOS after an accepted final answer is a trained token). With
-    ``expand_form="judge"`` a snapshot followed by its judgement expand is rendered interleaved
-    (:func:`envs.protocol.judge_chunks`): each candidate, then its one-token verdict (trained).
-    With ``judge_context="alone"`` the verdicts are made outside the stream: the snapshot is an
-    observation and the judgement expand after it is text the model did not write (mask 0), so
-    the teacher's choices are shown, never imitated."""
+    out the same episode (the EOS after an accepted final answer is a trained token), in the env's
+    judge ``form`` (:class:`envs.protocol.JudgeForm`). In the stream form a snapshot followed by its
+    judgement expand is rendered interleaved (:func:`envs.protocol.judge_chunks`): each candidate,
+    then its one-token verdict (trained). Judged alone, the verdicts are made outside the stream:
+    the snapshot is an observation and the judgement expand after it is text the model did not
+    write (mask 0), so the teacher's choices are shown, never imitated."""
     ids: list[int] = []
     mask: list[int] = []
     segments = record["segments"]
@@ -257,11 +259,11 @@ def tokenize_trajectory(record: dict, tokenizer: Any, expand_form: str = "list",
             bit = 0
         elif role == "model":
             piece, bit, bits = list(tokenizer(text, add_special_tokens=False)["input_ids"]), 1, None
-            if judge_context == "alone" and k and _judged_verdicts(segments[k - 1]["text"], segment):
+            if form.alone and k and _judged_verdicts(segments[k - 1]["text"], segment):
                 bit = 0  # the expand the verdicts judged alone make: shown to the model, not written by it
         elif role == "observation":
             verdicts = _judged_verdicts(text, segments[k + 1] if k + 1 < len(segments) else None) \
-                if expand_form == "judge" and judge_context == "stream" else None
+                if form.in_stream else None
             if verdicts:
                 piece, bits = _interleaved(text, verdicts, tokenizer, train_verdicts)
                 skip = True  # the expand's text is the verdicts, already laid out
@@ -340,7 +342,7 @@ def _judged_expand_as_action(segment: dict) -> list[dict]:
     """An observation run of an episode judged alone, ``<snapshot>…</snapshot>`` + ``\n<expand>…</expand>``
     + ``\n…`` (the expand its verdicts made, mask 0 like the observations around it), as the record
     of a teacher writes it: snapshot, the expand as a model action, what followed. Other segments as
-    they are. :func:`tokenize_trajectory` with ``judge_context="alone"`` lays them out as before."""
+    they are. :func:`tokenize_trajectory` in the alone form lays them out as before."""
     match = _JUDGED_EXPAND.fullmatch(segment["text"]) if segment["role"] == "observation" else None
     if match is None:
         return [segment]
@@ -350,21 +352,20 @@ def _judged_expand_as_action(segment: dict) -> list[dict]:
 
 
 def sft_rows(records: Sequence[dict], tokenizer: Any, max_length: int | None = None,
-             expand_form: str = "list", train_verdicts: bool = True, judge_context: str = "stream",
-             verdict_labels: str = "teacher") -> list[dict]:
+             form: JudgeForm = LIST_FORM, train_verdicts: bool = True, verdict_labels: str = "teacher") -> list[dict]:
     """Trainer rows ``{"input_ids", "labels"}`` (labels -100 where the mask is 0); longer ones dropped.
     Judged alone with ``train_verdicts``, each record's verdict rows (:func:`alone_verdict_rows`,
     labelled as ``verdict_labels`` says) follow it."""
     rows = []
     for record in records:
-        layout = tokenize_trajectory(record, tokenizer, expand_form, train_verdicts, judge_context)
+        layout = tokenize_trajectory(record, tokenizer, form, train_verdicts)
         if max_length is not None and len(layout["input_ids"]) > max_length:
             log.warning("dropping trajectory %s: %d tokens > max_length %d", record["id"], len(layout["input_ids"]),
                         max_length)
             continue
         labels = [t if m else -100 for t, m in zip(layout["input_ids"], layout["loss_mask"])]
         rows.append({"input_ids": layout["input_ids"], "labels": labels})
-        if expand_form == "judge" and judge_context == "alone" and train_verdicts:
+        if form.alone and train_verdicts:
             rows += alone_verdict_rows(record, tokenizer, verdict_labels)
     return rows
 

@@ -21,6 +21,7 @@ from trl import SFTConfig, SFTTrainer
 
 from envs.atomic import write_text_atomic
 from envs.config import EnvConfig
+from envs.protocol import judge_form
 from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from inference.backends.hf import HFBackend
@@ -120,9 +121,9 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
         model, tokenizer = _load_for_training(config)
     ensure_pad_token(tokenizer)
     rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length,
-                    expand_form=(config.env or {}).get("expand_form", "list"), train_verdicts=config.train_verdicts,
-                    judge_context=(config.env or {}).get("judge_context", "stream"),
-                    verdict_labels=config.verdict_labels)
+                    form=judge_form((config.env or {}).get("expand_form", "list"),
+                                    (config.env or {}).get("judge_context", "stream")),
+                    train_verdicts=config.train_verdicts, verdict_labels=config.verdict_labels)
     if not rows:
         raise ValueError("no accepted training trajectories")
     callbacks = []
