@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = with_values(PPOConfig, {"model.name": args.model, "model.dtype": args.dtype,
                                   "optim.critic_warmup_updates": 0, "algorithm.advantage": "grpo",
                                   "model.lora": LoraSettings(r=16, alpha=32, dropout=0.0, top_layers=args.top_layers)})
-    actor = build_models(cfg, device="cpu").actor.train()
+    actor = build_models(cfg.model, cfg.algorithm, cfg.rollout, device="cpu").actor.train()
     depth = frozen_depth(actor.lm)
     generator = torch.Generator().manual_seed(args.seed)
     vocab = actor.lm.config.vocab_size

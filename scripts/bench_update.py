@@ -43,7 +43,7 @@ def arm_config(sft_checkpoint: str | None, overrides: list[str], out: str) -> PP
 
 def time_updates(cfg: PPOConfig, updates: int) -> list[dict[str, float]]:
     """``updates`` updates of a fresh run of ``cfg``: each one's phase seconds and work."""
-    run, _ = set_up(cfg, None, None, None, None, None)
+    run, cfg, _ = set_up(cfg, None, None, None, None, None)
     rows = []
     for update in range(updates):
         count = cfg.rollout.questions_per_update

@@ -75,7 +75,7 @@ def one_update(world: dict, name: str, overrides: dict, args: argparse.Namespace
         "model.dtype": args.dtype, "model.lora": LoraSettings(r=4, alpha=8),
         "run.output_dir": str(world["folder"] / name), **overrides})
     lm = copy.deepcopy(world["policy"]).to(device=accelerator.device, dtype=dtype)
-    models = wrap_models(lm, world["tok"], cfg)
+    models = wrap_models(lm, world["tok"], cfg.model, cfg.algorithm, cfg.rollout)
     return train(cfg, retriever=world["retriever"], examples=world["train"], eval_examples=[], models=models,
                  accelerator=accelerator)["history"][0]
 

@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
             "accelerate_rank": accelerator.process_index, "accelerate_processes": accelerator.num_processes,
             "distributed_type": accelerator.distributed_type.value}
     set_seed(cfg.run.seed)  # as train() does before it builds the models
-    models = build_models(cfg, device=str(accelerator.device))
+    models = build_models(cfg.model, cfg.algorithm, cfg.rollout, device=str(accelerator.device))
     probe = models.tokenizer(["<search> capital France</search>"], return_tensors="pt")
     ids, attention = probe["input_ids"], probe["attention_mask"]
     trained, base = weights(models.actor, True), weights(models.actor, False)

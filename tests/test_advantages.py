@@ -131,7 +131,7 @@ def test_one_update_with_each_setting(tmp_path, retriever, examples, overrides):
                     export=False, sft_warm_start=False, log_samples=0, temperature=1.0,
                     old_logprobs="recompute", **overrides)))
     torch.manual_seed(0)
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     before = {n: p.detach().clone() for n, p in models.actor.named_parameters() if p.requires_grad}
     stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)["history"][0]
     assert models.critic is None and math.isfinite(stats["policy_loss"])
@@ -184,7 +184,7 @@ def test_dynamic_sampling_in_the_trainer(tmp_path, retriever, examples):
                        "algorithm.dynamic_sampling": True, "algorithm.dynamic_sampling_max_rounds": 1})
     torch.manual_seed(0)
     stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[],
-                  models=wrap_models(tiny_llama(tok), tok, cfg))["history"][0]
+                  models=wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout))["history"][0]
     assert stats["dynamic_extra_rounds"] in (0.0, 1.0) and 0 <= stats["dynamic_groups_kept"] <= 2
     assert math.isfinite(stats["policy_loss"])
     with pytest.raises(ConfigError, match="dynamic_sampling"):
@@ -217,7 +217,7 @@ def test_overlong_shaping_in_the_trainer(tmp_path, retriever, examples):
                         temperature=1.0, advantage="grpo", **overrides)))
         torch.manual_seed(0)
         return train(cfg, retriever=retriever, examples=examples, eval_examples=[],
-                     models=wrap_models(tiny_llama(tok), tok, cfg))["history"][0]
+                     models=wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout))["history"][0]
 
     plain, shaped = update(), update(overlong_buffer=1, overlong_max_tokens=2)
     assert shaped["overlong_penalty_mean"] == -1.0 and math.isnan(plain["overlong_penalty_mean"])

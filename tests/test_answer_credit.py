@@ -114,7 +114,7 @@ def test_the_trainer_credits_answer_turns_by_the_answer_term(tmp_path, retriever
                        "algorithm.answer_credit": "answer", "rollout.temperature": 1.0,
                        "model.cache_frozen_layers": False})
     result = ppo.train(cfg, retriever=retriever, examples=examples, eval_examples=[],
-                       models=wrap_models(copy.deepcopy(script_lm), tokenizer, cfg))
+                       models=wrap_models(copy.deepcopy(script_lm), tokenizer, cfg.model, cfg.algorithm, cfg.rollout))
     assert len(seen) == 2 and all(torch.isfinite(torch.tensor(h["policy_loss"])) for h in result["history"])
     for before, after, answer_mask, batch, E in seen:
         answered = answer_mask[:E] > 0

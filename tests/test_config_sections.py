@@ -94,8 +94,8 @@ def test_an_old_run_folder_resumes_on_its_sft_checkpoint(tmp_path, monkeypatch):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**old, "sft_checkpoint": "runs/x/sft/model"}))
     monkeypatch.setattr(ppo_setup, "load_latest", lambda out: "checkpoint")
     cfg = with_values(PPOConfig, {"run.output_dir": str(tmp_path), "run.resume": True})
-    resumed, latest = ppo_setup.resume_point(cfg)
-    assert latest == "checkpoint" and resumed.model.sft_checkpoint == "runs/x/sft/model"
+    sft_checkpoint, latest = ppo_setup.resume_point(cfg.run, cfg.model)
+    assert latest == "checkpoint" and sft_checkpoint == "runs/x/sft/model"
 
 
 def test_seed_spread_reads_the_eval_settings_of_old_and_new_run_folders(tmp_path):

@@ -25,7 +25,7 @@ def tok():
 def lora_models(tok, family: str, top_layers: int | None):
     lm = tiny_llama(tok) if family == "llama" else tiny_gemma3(tok, window=3)
     cfg = tiny_cfg("unused", lora=LoraSettings(r=4, alpha=8, top_layers=top_layers), critic_warmup_updates=0)
-    models = wrap_models(lm, tok, cfg)
+    models = wrap_models(lm, tok, cfg.model, cfg.algorithm, cfg.rollout)
     for name, p in models.actor.named_parameters():  # LoRA's B starts at 0: move it, so the adapters matter
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.2)
@@ -110,7 +110,7 @@ def test_ppo_with_the_cache_trains_the_same_weights(tok, tmp_path, retriever, ex
         run_cfg = with_values(cfg,
                               {"model.cache_frozen_layers": cache, "rollout.reuse_rollout_states": reuse,
                                "run.output_dir": str(tmp_path / f"{cache}-{reuse}")})
-        models = wrap_models(tiny_llama(tok), tok, run_cfg)
+        models = wrap_models(tiny_llama(tok), tok, run_cfg.model, run_cfg.algorithm, run_cfg.rollout)
         models = dataclasses.replace(models, reference_logprobs=spying(models.reference_logprobs, cache,
                                                                        cached_references))
         history = train(run_cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)["history"]
@@ -136,7 +136,7 @@ def test_a_critic_only_update_runs_no_frozen_pass(tok, tmp_path, retriever, exam
     monkeypatch.setattr(ppo_score, "frozen_prefix_states", lambda run, *args: calls.append(1) or real(run, *args))
     cfg = tiny_cfg(tmp_path, lora=LoraSettings(r=4, alpha=8, top_layers=1), updates=2, advantage="gae",
                    critic_warmup_updates=1, cache_frozen_layers=True, old_logprobs="sampler", seed=3)
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     assert models.critic is not None
     train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
     assert len(calls) == 1

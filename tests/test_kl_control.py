@@ -45,9 +45,9 @@ def test_fixed_controller_and_the_choice():
     assert isinstance(build_kl_controller(AlgorithmSettings(kl_coef=0.02)), FixedKLController)
     adaptive = build_kl_controller(AlgorithmSettings(kl_coef=0.02, kl_target=0.1, kl_horizon=50))
     assert (type(adaptive), adaptive.value, adaptive.target, adaptive.horizon) == (AdaptiveKLController, 0.02, 0.1, 50)
-    no_controller = SimpleNamespace(cfg=with_values(PPOConfig, {"algorithm.kl_coef": 0.7}))
+    no_controller = SimpleNamespace(algorithm=AlgorithmSettings(kl_coef=0.7))
     assert current_kl_coef(no_controller) == 0.7  # no controller: the config's
-    assert current_kl_coef(SimpleNamespace(cfg=with_values(PPOConfig, {"algorithm.kl_coef": 0.7}),
+    assert current_kl_coef(SimpleNamespace(algorithm=AlgorithmSettings(kl_coef=0.7),
                                            kl_controller=fixed)) == 0.02
 
 
@@ -82,7 +82,7 @@ def test_the_trainer_adapts_logs_saves_and_resumes_beta(tmp_path, retriever, exa
     def run(updates, resume=False):
         cfg = tiny_cfg(tmp_path, updates=updates, resume=resume, save_every=1, advantage="grpo", temperature=1.0,
                        kl_coef=0.05, kl_target=0.01, kl_horizon=4, kl_mode="loss", kl_estimator="k3")
-        return train(cfg, models=wrap_models(tiny_llama(tok), tok, cfg))
+        return train(cfg, models=wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout))
 
     def train(cfg, models):
         return ppo.train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)

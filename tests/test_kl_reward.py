@@ -41,9 +41,10 @@ def test_episode_rewards_charge_each_episode_its_own_and_its_verdicts_kl():
 def scored(cfg: PPOConfig) -> dict[str, torch.Tensor]:
     """The update's batch for the default shape's episodes (verdicts judged alone) under ``cfg``."""
     tok = tiny_tokenizer()
-    models = wrap_models(tiny_llama(tok, seed=0), tok, cfg)
+    models = wrap_models(tiny_llama(tok, seed=0), tok, cfg.model, cfg.algorithm, cfg.rollout)
     choice_ids = torch.tensor(judge_token_ids(tok))
-    run = Run(cfg=cfg, accelerator=Accelerator(cpu=True), out=None, retriever=None, examples=[],
+    run = Run(model=cfg.model, rollout=cfg.rollout, optim=cfg.optim, algorithm=cfg.algorithm, run_settings=cfg.run,
+              accelerator=Accelerator(cpu=True), out=None, retriever=None, examples=[],
               eval_examples=[], models=models, env_config=None, prompt_fn=None, local_questions=4,
               choice_ids=choice_ids, actor=models.actor, policy=models.actor)
     episodes = [e for group in make_episodes(tok, tuple(choice_ids.tolist())) for e in group]

@@ -52,7 +52,7 @@ def run_update(tmp_path, retriever, examples, name, **overrides):
     cfg = tiny_cfg(tmp_path / name, advantage="grpo", ppo_epochs=2, mini_batches=2, temperature=1.0,
                    old_logprobs="recompute", lr_actor=5e-2, **overrides)
     torch.manual_seed(0)
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     before = trainable(models.actor)
     result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
     return result["history"][0], before, trainable(result["models"].actor)

@@ -55,7 +55,7 @@ def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, ret
     cfg = tiny_cfg(tmp_path, advantage="grpo", temperature=1.0, env=env, kl_coef=0.5, kl_mode="loss",
                    kl_estimator="k3", kl_tokens="verdicts")
     torch.manual_seed(0)
-    models = wrap_models(copy.deepcopy(script_lm), tokenizer, cfg)
+    models = wrap_models(copy.deepcopy(script_lm), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
     scored = []
 
     def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None, **prefix):

@@ -63,7 +63,8 @@ def test_logprobs_and_values_align_with_a_full_forward(tok):
     assert torch.allclose(logp, expected, atol=1e-5)
     assert torch.allclose(partial, expected * only, atol=1e-5)
     assert (entropy[attention[:, 1:].bool()] > 0).all()
-    models = wrap_models(tiny_llama(tok), tok, tiny_cfg("unused"))
+    unused = tiny_cfg("unused")
+    models = wrap_models(tiny_llama(tok), tok, unused.model, unused.algorithm, unused.rollout)
     values = sequence_values(models.critic, ids, attention)
     assert values.shape == logp.shape and not values.any()  # the critic starts at V = 0
 
@@ -71,7 +72,7 @@ def test_logprobs_and_values_align_with_a_full_forward(tok):
 @pytest.mark.parametrize("lora", [True, False])
 def test_one_update_moves_the_actor_not_the_reference(tok, tmp_path, retriever, examples, lora):
     cfg = tiny_cfg(tmp_path, lora=LoraSettings(enabled=lora, r=4, alpha=8), lr_actor=1e-2 if lora else 1e-3)
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     ids, attention = probe(tok)
     ref_before = models.reference_logprobs(ids, attention)
     with torch.no_grad():
@@ -96,7 +97,7 @@ def test_sampler_old_logprobs_match_recomputed_ones(tok, tmp_path, retriever, ex
     for mode in ("recompute", "sampler"):
         torch.manual_seed(0)
         cfg = tiny_cfg(tmp_path / mode, old_logprobs=mode, mini_batches=1, micro_batch_size=4)
-        models = wrap_models(tiny_llama(tok), tok, cfg)
+        models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
         forward = models.actor.forward
         calls[mode] = 0
 
@@ -117,7 +118,7 @@ def test_sampler_old_logprobs_match_recomputed_ones(tok, tmp_path, retriever, ex
 
 def test_critic_warmup_leaves_the_actor_unchanged(tok, tmp_path, retriever, examples):
     cfg = tiny_cfg(tmp_path, critic_warmup_updates=1)
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     actor, critic = trainable(models.actor), trainable(models.critic)
     result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
     assert result["history"][0]["critic_only"] == 1.0
@@ -163,7 +164,7 @@ def test_resume_continues_exactly(tok, tmp_path, retriever, examples):
     def run(out, updates, resume=False):
         cfg = tiny_cfg(out, updates=updates, resume=resume, critic_warmup_updates=1, save_every=1,
                        keep_checkpoints=2)
-        models = wrap_models(tiny_llama(tok), tok, cfg)
+        models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
         return train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
 
     first = run(tmp_path / "a", 2)  # "killed" after 2 updates
@@ -187,7 +188,7 @@ def test_group_baselines_run_without_a_critic(tok, tmp_path, retriever, examples
     def run(out, updates, resume=False, advantage="grpo"):
         cfg = tiny_cfg(out, updates=updates, resume=resume, advantage=advantage, save_every=1, keep_checkpoints=2,
                        temperature=1.0, max_turn_tokens=6)
-        models = wrap_models(tiny_llama(tok), tok, cfg)
+        models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
         return train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
 
     first = run(tmp_path / "a", 1)
@@ -206,7 +207,7 @@ def test_group_baselines_run_without_a_critic(tok, tmp_path, retriever, examples
 @pytest.mark.parametrize("lora", [True, False])
 def test_exported_folder_loads_with_auto_model(tok, tmp_path, lora):
     cfg = tiny_cfg(tmp_path, lora=LoraSettings(enabled=lora, r=4, alpha=8))
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     with torch.no_grad():
         for name, p in models.actor.named_parameters():
             if p.requires_grad and "lora_B" in name or not lora and "q_proj" in name:
@@ -289,19 +290,20 @@ def test_sample_table_goes_to_the_wandb_tracker(monkeypatch):
 def test_lora_on_the_top_layers_only(tok):
     """``lora.top_layers``: adapters on the last N decoder layers of the actor and the critic."""
     cfg = tiny_cfg("unused", lora=LoraSettings(r=4, alpha=8, top_layers=1))
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     for module in (models.actor, models.critic):
         names = [n for n, p in module.named_parameters() if p.requires_grad and "lora_" in n]
         assert names and all(".layers.1." in n for n in names)
     with pytest.raises(ValueError, match="top_layers"):
-        wrap_models(tiny_llama(tok), tok, tiny_cfg("unused", lora=LoraSettings(r=4, top_layers=3)))
+        too_high = tiny_cfg("unused", lora=LoraSettings(r=4, top_layers=3))
+        wrap_models(tiny_llama(tok), tok, too_high.model, too_high.algorithm, too_high.rollout)
 
 
 def test_a_batch_without_model_tokens_still_backpropagates(tok):
     """No target position (every episode ended before the model wrote a token): the zero log-probs
     stay tied to the graph, so backward runs (DDP's all-reduce too) and leaves zero gradients."""
     cfg = tiny_cfg("unused", advantage="grpo")
-    models = wrap_models(tiny_llama(tok), tok, cfg)
+    models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
     ids, attention = probe(tok)
     logp, _ = models.actor(ids, attention, target_mask=torch.zeros_like(attention[:, 1:]))
     assert logp.requires_grad and float(logp.abs().sum()) == 0.0
@@ -324,7 +326,7 @@ def test_token_budget_micro_batches_train_the_same_weights(tok, tmp_path, retrie
     for name, extra in (("rows", {"micro_batch_size": 1}), ("tokens", {"micro_batch_tokens": 100_000})):
         cfg = tiny_cfg(tmp_path / name, mini_batches=1, **extra)
         torch.manual_seed(0)
-        models = wrap_models(tiny_llama(tok), tok, cfg)
+        models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
         train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
         trained.append(trainable(models.actor))
     assert trained[0].keys() == trained[1].keys()

@@ -184,9 +184,9 @@ def test_rollout_engine_records_mu_and_the_models_score_at_its_temperature(token
     """The HF rollout engine (live model, or the merged LoRA copy) records μ's log-probs; the actor
     and the reference that ``wrap_models`` builds reproduce them (LoRA starts at B = 0)."""
     cfg = cfg_at(tmp_path, lora=LoraSettings(enabled=lora, r=4, alpha=8))
-    models = wrap_models(tiny_llama(tokenizer, init=0.3), tokenizer, cfg)
+    models = wrap_models(tiny_llama(tokenizer, init=0.3), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
     assert models.actor.temperature == TAU
-    backend = build_rollout_backend(cfg, models.actor, tokenizer, accelerator=None)
+    backend = build_rollout_backend(cfg.rollout, cfg.model, models.actor, tokenizer, accelerator=None, seed=0)
     assert backend.logprobs_mode == "sampled" and isinstance(backend, MergedLoraHFBackend) == lora
     choices = judge_token_ids(tokenizer)
     requests = requests_at(tokenizer, TAU, choices)
@@ -205,7 +205,7 @@ def test_rollout_engine_records_mu_and_the_models_score_at_its_temperature(token
 
 def test_rollout_engine_at_temperature_one_matches_the_raw_backend(lm, tokenizer, tmp_path):
     cfg = cfg_at(tmp_path, temperature=1.0, lora=LoraSettings(enabled=False))
-    backend = build_rollout_backend(cfg, PolicyModel(lm), tokenizer, accelerator=None)
+    backend = build_rollout_backend(cfg.rollout, cfg.model, PolicyModel(lm), tokenizer, accelerator=None, seed=0)
     requests = requests_at(tokenizer, 1.0, judge_token_ids(tokenizer))
     for a, b in zip(HFBackend(lm, tokenizer).generate(requests), backend.generate(requests)):
         assert a.completions[0].token_ids == b.completions[0].token_ids

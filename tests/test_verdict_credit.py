@@ -174,7 +174,7 @@ def test_the_trainer_adds_the_credit_to_the_verdict_tokens_only(script_lm, token
                            "algorithm.verdict_credit": credit, "run.seed": 3,
                            "algorithm.verdict_credit_centred": centred})
         torch.manual_seed(0)  # the same LoRA initialisation in every run
-        models = wrap_models(copy.deepcopy(undecided), tokenizer, cfg)
+        models = wrap_models(copy.deepcopy(undecided), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
         stats = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)["history"][0]
         return {k: stats[k] for k in ("policy_loss", "grad_norm_actor", "reward_mean", "verdict_price")}
 

@@ -278,7 +278,8 @@ def test_a_large_run_renders_only_the_rows_in_view(browser, runs, tmp_path):
 def test_a_ppo_runs_samples_open_in_the_viewer(tmp_path, retriever, examples):
     tok = tiny_tokenizer()
     cfg = tiny_cfg(tmp_path, log_samples=2)
-    train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=wrap_models(tiny_llama(tok), tok, cfg))
+    train(cfg, retriever=retriever, examples=examples, eval_examples=[],
+          models=wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout))
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 and all(s["episode"]["question"] for s in samples)
     for sample in samples:  # the turns are the completion, cut where the model and the env take turns

@@ -130,7 +130,8 @@ def tok():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lora_is_merged_into_a_copy_and_the_actor_is_untouched(tok, dtype):
-    models = wrap_models(llama(tok).to(dtype), tok, tiny_cfg("unused", "unused"))
+    cfg = tiny_cfg("unused", "unused")
+    models = wrap_models(llama(tok).to(dtype), tok, cfg.model, cfg.algorithm, cfg.rollout)
     perturb_lora(models.actor.lm, seed=0)
     before = {n: p.detach().clone() for n, p in models.actor.lm.named_parameters()}
     items = dict(hf_state_items(models.actor.lm))
@@ -163,16 +164,17 @@ def test_rollout_engine_config(tmp_path):
 
 def test_engine_options_follow_the_actor_and_the_processes(tok):
     cfg = tiny_cfg("unused", "unused", vllm=VLLMSettings(engine_kwargs={"max_num_seqs": 8}))
-    actor = wrap_models(llama(tok).to(torch.bfloat16), tok, cfg).actor
-    options = vllm_engine_options(cfg, actor, one_process())
+    actor = wrap_models(llama(tok).to(torch.bfloat16), tok, cfg.model, cfg.algorithm, cfg.rollout).actor
+    options = vllm_engine_options(cfg.rollout, cfg.model, actor, one_process(), seed=cfg.run.seed)
     assert options["dtype"] == "bfloat16" and options["max_model_len"] == 513 and options["enforce_eager"] is True
     assert options["max_num_seqs"] == 8 and "distributed_executor_backend" not in options
-    gpu = vllm_engine_options(cfg, actor, one_process("cuda", processes=2, rank=1))
+    gpu = vllm_engine_options(cfg.rollout, cfg.model, actor, one_process("cuda", processes=2, rank=1),
+                              seed=cfg.run.seed)
     assert gpu["enforce_eager"] is False and gpu["distributed_executor_backend"] == "external_launcher"
     assert gpu["seed"] == cfg.run.seed + 1 and gpu["gpu_memory_utilization"] == cfg.rollout.vllm.gpu_memory_utilization
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        vllm_engine_options(tiny_cfg("unused", "unused", vllm=VLLMSettings(tensor_parallel_size=2)), actor,
-                            one_process("cuda", processes=2))
+        parallel = tiny_cfg("unused", "unused", vllm=VLLMSettings(tensor_parallel_size=2))
+        vllm_engine_options(parallel.rollout, parallel.model, actor, one_process("cuda", processes=2), seed=0)
 
 
 def test_engine_tokenizer_must_read_ids_like_the_trainer(tok):
@@ -187,8 +189,8 @@ def test_engine_tokenizer_must_read_ids_like_the_trainer(tok):
 
 def test_hf_engine_runs_on_the_live_weights(tok):
     cfg = tiny_cfg("unused", "unused", rollout_engine="hf", rollout_batch_size=3, rollout_merge_lora=False)
-    actor = wrap_models(llama(tok), tok, cfg).actor
-    backend = build_rollout_backend(cfg, actor, tok, one_process())
+    actor = wrap_models(llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout).actor
+    backend = build_rollout_backend(cfg.rollout, cfg.model, actor, tok, one_process(), seed=cfg.run.seed)
     assert backend.name == "hf" and backend.model is actor.lm and backend.max_batch_size == 3
     assert backend.max_context == cfg.rollout.max_context_tokens + 1
     assert sync_rollout_weights(backend, actor) == 0.0
@@ -200,12 +202,13 @@ def test_hf_engine_on_a_merged_lora_copy_follows_the_actor(tok):
     from methods.llm import GenerationRequest
 
     cfg = tiny_cfg("unused", "unused", rollout_engine="hf", rollout_batch_size=2)
-    actor = wrap_models(llama(tok), tok, cfg).actor
+    actor = wrap_models(llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout).actor
     perturb_lora(actor.lm, seed=0)
     before = {n: p.detach().clone() for n, p in actor.lm.named_parameters()}
-    backend = build_rollout_backend(cfg, actor, tok, one_process())
+    backend = build_rollout_backend(cfg.rollout, cfg.model, actor, tok, one_process(), seed=cfg.run.seed)
     assert backend.model is not actor.lm and not any("lora" in n for n, _ in backend.model.named_parameters())
-    live = build_rollout_backend(with_values(cfg, {"rollout.rollout_merge_lora": False}), actor, tok, one_process())
+    unmerged = with_values(cfg, {"rollout.rollout_merge_lora": False})
+    live = build_rollout_backend(unmerged.rollout, cfg.model, actor, tok, one_process(), seed=cfg.run.seed)
     prompt = fixed_sequence(tok)[:60]
 
     def run(engine):
@@ -247,7 +250,7 @@ def engine(tmp_path_factory, tok):
     tokenizer = load_tokenizer(str(folder))  # as build_models loads it
     cfg = tiny_cfg(folder, tmp_path_factory.mktemp("ppo"))
     actor = actor_over(folder, tokenizer, cfg, seed=0).actor
-    backend = build_rollout_backend(cfg, actor, tokenizer, one_process())
+    backend = build_rollout_backend(cfg.rollout, cfg.model, actor, tokenizer, one_process(), seed=cfg.run.seed)
     ids = fixed_sequence(tokenizer)
     initial = engine_logprobs(backend, ids)  # before any sync: the folder's weights
     yield SimpleNamespace(backend=backend, folder=folder, cfg=cfg, tokenizer=tokenizer, ids=ids, initial=initial)
@@ -262,7 +265,8 @@ def engine(tmp_path_factory, tok):
 
 def actor_over(folder, tokenizer, cfg, seed: int):
     """The trainer's models over the folder's weights, LoRA perturbed with ``seed``."""
-    models = wrap_models(LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).train(), tokenizer, cfg)
+    lm = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
+    models = wrap_models(lm, tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
     perturb_lora(models.actor.lm, seed)
     return models
 
@@ -315,7 +319,8 @@ def test_vllm_rollouts_record_the_actors_logprobs(engine, retriever, examples):
 
     # A scripted policy pushed into the same engine: greedy search -> expand -> answer, then EOS,
     # whose log-prob comes from vLLM's prompt log-probs (training.rollouts.rollout.eos_logprobs).
-    script = wrap_models(scripted(llama(engine.tokenizer), engine.tokenizer), engine.tokenizer, engine.cfg)
+    script = wrap_models(scripted(llama(engine.tokenizer), engine.tokenizer), engine.tokenizer, engine.cfg.model,
+                         engine.cfg.algorithm, engine.cfg.rollout)
     sync_rollout_weights(engine.backend, script.actor)
     venv = SearchVectorEnv(retriever, num_envs=2, config=EnvConfig())
     greedy = RolloutConfig(temperature=0.0, max_turn_tokens=8, max_context_tokens=512, seed=5)

@@ -12,7 +12,7 @@ import torch
 from tests.conftest import PASSAGES, OverlapRetriever
 from tests.ppo_runs import write_tiny_run
 from training import sft
-from training.config import PPOConfig, load_config, with_values
+from training.config import PPOConfig, load_config, to_dict, with_values
 from training.evaluation.policy_eval import OUTCOME_KEYS
 from training.ppo import train
 from training.ppo_loop import ppo_setup
@@ -118,7 +118,7 @@ def test_evaluation_key_ignores_only_optimisation_settings(tmp_path, retriever, 
 
     def key(cfg, content=b"weights", search=retriever):
         (folder / "model.safetensors").write_bytes(content)
-        return warm_start_cache.evaluation_key(cfg, cfg.env, folder, examples, search)
+        return warm_start_cache.evaluation_key(to_dict(cfg), cfg.env, folder, examples, search)
 
     reference = key(base)
     assert key(with_values(base,

@@ -87,9 +87,10 @@ def main(out: str) -> int:
     rank, world = accelerator.process_index, accelerator.num_processes
     cfg = default_shape_config()
     tokenizer = tiny_tokenizer()
-    models = wrap_models(tiny_llama(tokenizer, seed=0).train(), tokenizer, cfg)
+    models = wrap_models(tiny_llama(tokenizer, seed=0).train(), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
     choice_ids = torch.tensor(judge_token_ids(tokenizer))
-    run = Run(cfg=cfg, accelerator=accelerator, out=Path(out), retriever=None, examples=[], eval_examples=[],
+    run = Run(model=cfg.model, rollout=cfg.rollout, optim=cfg.optim, algorithm=cfg.algorithm, run_settings=cfg.run,
+              accelerator=accelerator, out=Path(out), retriever=None, examples=[], eval_examples=[],
               models=models, env_config=None, prompt_fn=None, local_questions=QUESTIONS // world,
               choice_ids=choice_ids)
     prepare_optimization(run)

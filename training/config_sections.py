@@ -1,8 +1,9 @@
 """The sections of the PPO config (:class:`training.config.PPOConfig`), one dataclass each.
 
 Each section checks its own fields in ``__post_init__``; checks that span two sections are the
-root's (:meth:`training.config.PPOConfig.__post_init__`). A function that needs one or two
-sections takes those (``build_models(cfg.model)``), not the whole config.
+root's (:meth:`training.config.PPOConfig.__post_init__`). A function takes the sections it reads
+(``build_models(cfg.model, cfg.algorithm, cfg.rollout)``), not the whole config; the few that hold the
+whole tree are listed in tests/test_config_walk.py.
 """
 from __future__ import annotations
 

@@ -139,38 +139,39 @@ def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: t
 def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
     """Sampled episodes of this process's shard of ``questions`` with the current actor ->
     (episodes, DAPO dynamic-sampling stats, weight-sync seconds)."""
-    cfg, rank, n = run.cfg, run.accelerator.process_index, run.local_questions
+    rollout, algorithm, seed = run.rollout, run.algorithm, run.run_settings.seed
+    rank, n = run.accelerator.process_index, run.local_questions
     shard = questions[rank * n:(rank + 1) * n]
     venv = SearchVectorEnv(run.retriever,
-                           num_envs=min(cfg.rollout.num_envs, len(shard) * cfg.rollout.samples_per_question),
+                           num_envs=min(rollout.num_envs, len(shard) * rollout.samples_per_question),
                            config=run.env_config, tokenizer=run.models.tokenizer)
-    rollout_cfg = RolloutConfig(max_turn_tokens=cfg.rollout.max_turn_tokens,
-                                max_context_tokens=cfg.rollout.max_context_tokens,
-                                temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                samples_per_question=cfg.rollout.samples_per_question,
-                                seed=(cfg.run.seed * 100_003 + update) * 1_009 + rank,
-                                constrain_verdicts=cfg.rollout.constrain_verdicts,
+    rollout_cfg = RolloutConfig(max_turn_tokens=rollout.max_turn_tokens,
+                                max_context_tokens=rollout.max_context_tokens,
+                                temperature=rollout.temperature, top_p=rollout.top_p,
+                                samples_per_question=rollout.samples_per_question,
+                                seed=(seed * 100_003 + update) * 1_009 + rank,
+                                constrain_verdicts=rollout.constrain_verdicts,
                                 # the HF rollout keeps the trainer's frozen-layer states (rollouts/rollout_states.py)
-                                record_states_after=run.frozen_depth if cfg.rollout.reuse_rollout_states else 0)
+                                record_states_after=run.frozen_depth if rollout.reuse_rollout_states else 0)
     t_sync = sync_rollout_weights(run.backend, run.policy)  # vLLM: the actor's current weights; hf: nothing to do
     episodes = collect_rollouts(run.backend, venv, shard, rollout_cfg, run.prompt_fn,
                                 progress="rollout" if run.accelerator.is_local_main_process else None)
-    if not cfg.algorithm.dynamic_sampling:
+    if not algorithm.dynamic_sampling:
         return episodes, {}, t_sync
 
     def draw(round_: int) -> list:  # DAPO: more questions from the extra stream, to replace equal-reward groups
         assert rollout_cfg.seed is not None  # set above
-        position = (update * cfg.algorithm.dynamic_sampling_max_rounds + round_ - 1) * cfg.rollout.questions_per_update
-        extra = next_questions(run.examples, position, cfg.rollout.questions_per_update,
-                               cfg.run.seed + EXTRA_STREAM_SEED)
+        position = (update * algorithm.dynamic_sampling_max_rounds + round_ - 1) * rollout.questions_per_update
+        extra = next_questions(run.examples, position, rollout.questions_per_update,
+                               seed + EXTRA_STREAM_SEED)
         return collect_rollouts(run.backend, venv, extra[rank * n:(rank + 1) * n],
                                 dataclasses.replace(rollout_cfg, seed=rollout_cfg.seed + 7_000_003 * round_),
                                 run.prompt_fn)
 
     episodes, sampling_stats = dynamic_sample(
-        episodes, draw, n, cfg.algorithm.dynamic_sampling_max_rounds,
-        reward_of=lambda e: shaped_reward(e, cfg.algorithm.overlong_max_tokens, cfg.algorithm.overlong_buffer),
-        own_signal=has_verdict_signal if cfg.algorithm.verdict_credit > 0 else lambda e: False)
+        episodes, draw, n, algorithm.dynamic_sampling_max_rounds,
+        reward_of=lambda e: shaped_reward(e, algorithm.overlong_max_tokens, algorithm.overlong_buffer),
+        own_signal=has_verdict_signal if algorithm.verdict_credit > 0 else lambda e: False)
     return episodes, sampling_stats, t_sync
 
 
@@ -178,7 +179,7 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
                sums: dict[str, float]) -> torch.Tensor | None:
     """Forward and backward of one micro-batch (critic's value loss, actor's objective), its sums
     added to ``sums``; returns the actor's log-probs (b, t), or None when only the critic trains."""
-    cfg, accelerator, m = run.cfg, run.accelerator, mb["model_mask"]
+    algorithm, accelerator, m = run.algorithm, run.accelerator, mb["model_mask"]
     W = accelerator.num_processes
     logp = None
     with contextlib.ExitStack() as stack:
@@ -186,8 +187,8 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
         if run.critic is not None:
             stack.enter_context(accumulating(accelerator, run.critic, last))
             new_values = sequence_values(run.critic, mb["input_ids"], mb["attention_mask"])
-            v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, cfg.algorithm.value_clip)
-            losses.append((run.critic, cfg.algorithm.vf_coef * v_sum * W / n_tokens))
+            v_sum, v_stats = value_loss(new_values, mb["old_values"], mb["returns"], m, algorithm.value_clip)
+            losses.append((run.critic, algorithm.vf_coef * v_sum * W / n_tokens))
             sums["value_loss"] += float(v_sum.detach())
             sums["value_clip_frac"] += float(v_stats["clip_frac"]) * float(m.sum())
         if train_actor:
@@ -195,8 +196,8 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
             logp, entropy = run.actor(mb["input_ids"], mb["attention_mask"], target_mask=m, with_entropy=True,
                                       choice_mask=mb["choice_mask"], choice_ids=run.choice_ids, **prefix_of(run, mb))
             actor_loss, p_sum, h_sum, p_stats = actor_objective(
-                cfg.algorithm, logp, entropy, mb, n_tokens, n_sequences, current_kl_coef(run),
-                max_context_tokens=cfg.rollout.max_context_tokens)
+                algorithm, logp, entropy, mb, n_tokens, n_sequences, current_kl_coef(run),
+                max_context_tokens=run.rollout.max_context_tokens)
             losses.append((run.actor, actor_loss * W))
             count = float(m.sum())
             sums["policy_loss"] += p_sum
@@ -211,25 +212,25 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
 def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor: bool) -> dict:
     """``ppo_epochs`` × ``mini_batches`` optimizer steps, accumulating micro-batches; returns the
     loss sums, gradient norms and the sampler-vs-trainer log-prob gap before the first step."""
-    cfg, accelerator = run.cfg, run.accelerator
+    optim, accelerator = run.optim, run.accelerator
     mask = batch["model_mask"]
     sums = dict.fromkeys(("policy_loss", "value_loss", "entropy", "clip_frac", "approx_kl", "value_clip_frac",
                           "tokens"), 0.0)
     grad_norms: dict[str, list[float]] = {"actor": [], "critic": []}
     gap = [0.0, 0.0]  # |sampler − trainer| log-prob sum and token count, before the first actor step
     kl_steps, stopped = [], False  # each mini-batch's KL sums (training/algorithm/kl_stop.py: target_kl)
-    shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + update)
+    shuffle = torch.Generator().manual_seed(run.run_settings.seed * 1_000_003 + update)
     lengths = batch["attention_mask"].sum(-1)
-    for epoch in range(cfg.optim.ppo_epochs):
+    for epoch in range(optim.ppo_epochs):
         order = torch.randperm(mask.shape[0], generator=shuffle).to(accelerator.device)
-        for mini_index, mini in enumerate(order.tensor_split(cfg.optim.mini_batches)):
+        for mini_index, mini in enumerate(order.tensor_split(optim.mini_batches)):
             if stopped:
                 break
             mini_kl = torch.zeros(4, device=mask.device)
             mini = mini[lengths[mini].argsort(stable=True)]  # micro-batches of similar lengths: less padding to run
             n_tokens = global_token_count(mask[mini], accelerator)
             n_sequences = global_sequence_count(mask[mini], accelerator)
-            micro = micro_batches(mini, lengths[mini], cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens)
+            micro = micro_batches(mini, lengths[mini], optim.micro_batch_size, optim.micro_batch_tokens)
             for k, rows in enumerate(micro):
                 mb = select(batch, rows)
                 logp = micro_step(run, mb, n_tokens, n_sequences, k == len(micro) - 1, train_actor, sums)
@@ -241,10 +242,10 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
             for name, model in (("critic", run.critic), ("actor", run.actor if train_actor else None)):
                 if model is not None:
                     grad_norms[name].append(optimizer_step(accelerator, model, run.optimizers[name],
-                                                           run.schedulers[name], cfg.optim.max_grad_norm))
+                                                           run.schedulers[name], optim.max_grad_norm))
             mini_kl = global_kl_sums(mini_kl, accelerator)
             kl_steps.append(mini_kl)
-            stopped = train_actor and exceeds_target_kl(mini_kl, cfg.optim.target_kl)  # this step taken, no more
+            stopped = train_actor and exceeds_target_kl(mini_kl, optim.target_kl)  # this step taken, no more
     return {"sums": sums, "grad_norms": grad_norms, "gap": gap, "kl_steps": kl_steps, "kl_stopped": stopped}
 
 
@@ -260,7 +261,7 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
     tokens = max(sums["tokens"], 1.0)
     actor_mean = (lambda key: sums[key] / tokens) if train_actor else (lambda key: math.nan)
     critic_mean = (lambda key: sums[key] / tokens) if run.critic is not None else (lambda key: math.nan)
-    algo = run.cfg.algorithm
+    algo = run.algorithm
     with_reference, recompute, tis = algo.kl_coef > 0, algo.old_logprobs == "recompute", extras["tis"]
     stats = {k: v for k, v in rollout_stats(episodes).items() if k in ROLLOUT_KEYS}
     stats.update({
@@ -305,8 +306,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
 
     Returns {"update", "data_position", "eval_start", "eval_end", "comparison", "history", "models"}.
     """
-    run, resume_from = set_up(cfg, retriever, examples, eval_examples, models, accelerator)
-    cfg, accelerator = run.cfg, run.accelerator
+    run, cfg, resume_from = set_up(cfg, retriever, examples, eval_examples, models, accelerator)  # cfg: resolved
+    accelerator = run.accelerator
     start_update, data_position = 0, 0
     if resume_from is not None:
         state = load_checkpoint(resume_from, actor=run.policy, critic=run.value_model, optimizers=run.optimizers,
@@ -338,7 +339,7 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         timings = {"rollout_s": t_rollout, "weight_sync_s": t_sync, "update_s": time.perf_counter() - t0}
         stats = update_stats(run, update, episodes, batch, {**extras, "dynamic": sampling_stats}, trained,
                              train_actor, timings)
-        if run.eval_examples and periodic_evaluation_due(cfg, update):
+        if run.eval_examples and periodic_evaluation_due(cfg.evaluation.eval_every, cfg.optim.updates, update):
             with preserved_rng():  # the run draws the same numbers whether it evaluates on the way or not
                 stats.update(periodic_stats(evaluate(run)[0]))
         history.append(stats)
@@ -350,7 +351,8 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
             bar.write(f"update {update + 1}/{cfg.optim.updates}{' (critic only)' if not train_actor else ''} "
                       f"{format_update_stats(stats)}")
             bar.set_postfix_str(format_update_stats({k: stats[k] for k in ("reward_mean", "em", "kl") if k in stats}))
-            write_update_logs(run.out, stats, episodes, run.models.tokenizer, cfg, accelerator, bar.write)
+            write_update_logs(run.out, stats, episodes, run.models.tokenizer, cfg.run, accelerator,
+                              bar.write)
         if (update + 1) % cfg.run.save_every == 0 or update + 1 == cfg.optim.updates:
             save_checkpoint(run.out, update + 1, actor=run.policy, critic=run.value_model, optimizers=run.optimizers,
                             schedulers=run.schedulers, state={"data_position": data_position, "seed": cfg.run.seed,
@@ -369,14 +371,14 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
 def finish(run: Run, eval_start: dict | None, outcomes_start: dict | None) -> dict | None:
     """Greedy evaluation after PPO with the paired before/after comparison, the exported policy,
     ``curves.png`` and the machine-readable last line; shuts the rollout backend down."""
-    cfg, accelerator = run.cfg, run.accelerator
+    settings, accelerator = run.run_settings, run.accelerator
     report = None
     if run.eval_examples:
         assert eval_start is not None and outcomes_start is not None  # train evaluated before PPO
         eval_end, outcomes_end = evaluate(run)
         report = report_before_after(accelerator, run.out, eval_start, eval_end, outcomes_start, outcomes_end,
-                                     cfg.run.seed, questions=[e.question for e in run.eval_examples])
-    if cfg.run.export and cfg.run.export_update is None and accelerator.is_main_process:
+                                     settings.seed, questions=[e.question for e in run.eval_examples])
+    if settings.export and settings.export_update is None and accelerator.is_main_process:
         folder = export_hf(run.policy, run.models.tokenizer, run.out / "final_hf")
         accelerator.print(f"[ppo] exported the policy to {folder} "
                           f"(python -m inference.evaluate --method.name seeds-r1 --model.name hf:{folder} ...)")

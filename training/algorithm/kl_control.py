@@ -67,6 +67,6 @@ def build_kl_controller(algorithm: Any) -> FixedKLController | AdaptiveKLControl
 
 
 def current_kl_coef(run: Any) -> float:
-    """β for this update: the run's controller's value, or ``run.cfg.algorithm.kl_coef`` where it has none."""
+    """β for this update: the run's controller's value, or ``run.algorithm.kl_coef`` where it has none."""
     controller = getattr(run, "kl_controller", None)
-    return run.cfg.algorithm.kl_coef if controller is None else controller.value
+    return run.algorithm.kl_coef if controller is None else controller.value

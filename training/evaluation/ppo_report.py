@@ -9,7 +9,7 @@ from envs.atomic import write_json_atomic
 from envs.protocol import judge_token_ids
 from envs.question_match import question_digest
 from envs.vector_env import SearchVectorEnv
-from training.config import PPOConfig, RolloutSettings
+from training.config import RolloutSettings, RunSettings
 from training.evaluation.answer_sources import ANSWER_SHARE_KEYS, ANSWER_SOURCES, answer_shares
 from training.evaluation.policy_eval import (
     compare_runs,
@@ -40,18 +40,19 @@ def greedy_rollout_config(rollout: RolloutSettings, seed: int) -> RolloutConfig:
                          constrain_verdicts=rollout.constrain_verdicts)
 
 
-def evaluate_policy(backend, retriever, env_config, examples: list, cfg: PPOConfig, accelerator, prompt_fn,
-                    tokenizer=None) -> tuple[dict, dict]:
-    """Greedy episodes on held-out questions (each process its shard) -> (rollout_stats averaged
-    over processes, per-question outcomes of ALL questions in order, for the paired bootstrap)."""
+def evaluate_policy(backend, retriever, env_config, examples: list, rollout: RolloutSettings, seed: int, accelerator,
+                    prompt_fn, tokenizer=None) -> tuple[dict, dict]:
+    """Greedy episodes on held-out questions (each process its shard; the ``rollout`` section's envs and
+    limits, the run's ``seed``) -> (rollout_stats averaged over processes, per-question outcomes of ALL
+    questions in order, for the paired bootstrap)."""
     indices = list(range(accelerator.process_index, len(examples), accelerator.num_processes))
     shard = [examples[i] for i in indices]
     stats = {k: 0.0 for k in ROLLOUT_KEYS + ANSWER_SHARE_KEYS}
     episodes = []
     if shard:
-        venv = SearchVectorEnv(retriever, num_envs=min(cfg.rollout.num_envs, len(shard)), config=env_config,
+        venv = SearchVectorEnv(retriever, num_envs=min(rollout.num_envs, len(shard)), config=env_config,
                                tokenizer=tokenizer)
-        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(cfg.rollout, cfg.run.seed), prompt_fn,
+        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(rollout, seed), prompt_fn,
                                     progress="eval" if accelerator.is_local_main_process else None)
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})
@@ -74,11 +75,10 @@ def sampled_verdict_auc(episodes: list, tokenizer) -> float:
     return verdict_ranking(pairs)["verdict_auc"] if pairs else float("nan")
 
 
-def periodic_evaluation_due(cfg: PPOConfig, update: int) -> bool:
-    """Whether update ``update`` (0-based) ends with a greedy held-out evaluation (``eval_every``); the
-    last update never does: the evaluation after PPO is that one."""
-    every = cfg.evaluation.eval_every
-    return every > 0 and (update + 1) % every == 0 and update + 1 < cfg.optim.updates
+def periodic_evaluation_due(eval_every: int, updates: int, update: int) -> bool:
+    """Whether update ``update`` (0-based) of ``updates`` ends with a greedy held-out evaluation (every
+    ``eval_every``); the last update never does: the evaluation after PPO is that one."""
+    return eval_every > 0 and (update + 1) % eval_every == 0 and update + 1 < updates
 
 
 def periodic_stats(stats: dict) -> dict[str, float]:
@@ -165,19 +165,20 @@ def sample_record(episode, update: int, tokenizer) -> dict:
             "turns": episode_turns(episode, tokenizer)}
 
 
-def write_update_logs(out: Path, stats: dict, episodes: list, tokenizer, cfg: PPOConfig, accelerator, write) -> None:
+def write_update_logs(out: Path, stats: dict, episodes: list, tokenizer, settings: RunSettings, accelerator,
+                      write) -> None:
     """Main process: append the update's metrics to ``metrics.jsonl`` and its first ``log_samples``
-    episodes to ``samples.jsonl`` (and W&B), and ``write`` a line about each."""
+    episodes (of the ``run`` section, ``settings``) to ``samples.jsonl`` (and W&B), and ``write`` a line about each."""
     update = int(stats["update"])
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(stats) + "\n")
     samples = []
     with open(out / "samples.jsonl", "a", encoding="utf-8") as handle:
-        for e in episodes[:cfg.run.log_samples]:
+        for e in episodes[:settings.log_samples]:
             sample = sample_record(e, update, tokenizer)
             samples.append(sample)
             handle.write(json.dumps(sample, ensure_ascii=False) + "\n")
             write(f"  sample [{e.example_id}] reward {e.reward:.2f} ({e.finish_reason}): {sample['text'][-400:]!r}")
-    if cfg.run.report_to == "wandb" and samples:
+    if settings.report_to == "wandb" and samples:
         log_sample_table(accelerator, samples, step=update)

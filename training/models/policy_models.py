@@ -31,7 +31,7 @@ from training.algorithm.ppo_core import (
     entropy_from_logits,
     logprobs_from_logits,
 )
-from training.config import AlgorithmSettings, LoraSettings, PPOConfig
+from training.config import AlgorithmSettings, LoraSettings, ModelSettings, RolloutSettings
 from training.models.frozen_prefix import decoder_of, top_hidden, unwrap_peft
 
 if TYPE_CHECKING:
@@ -182,22 +182,24 @@ def uses_critic(algorithm: AlgorithmSettings) -> bool:
     return algorithm.advantage == "gae"
 
 
-def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
-    """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base).
-    The actor and the reference score tokens under ``softmax(z / cfg.rollout.temperature)``, the rollout's."""
+def wrap_models(lm: PreTrainedModel, tokenizer: Any, model: ModelSettings, algorithm: AlgorithmSettings,
+                rollout: RolloutSettings) -> Models:
+    """Actor, critic and reference around an already loaded causal LM (the SFT policy or the base):
+    LoRA, log-prob chunks and checkpointing from ``model``, a critic where ``algorithm`` needs one. The
+    actor and the reference score tokens under ``softmax(z / rollout.temperature)``, the rollout's."""
     lm = strip_gguf_quantizer(lm)  # a no-op for plain folders; GGUF-loaded models refuse training otherwise
     hidden_size = lm.config.get_text_config().hidden_size
     num_layers = lm.config.get_text_config().num_hidden_layers
     critic = None
-    if uses_critic(cfg.algorithm):
+    if uses_critic(algorithm):
         backbone = copy.deepcopy(decoder_of(lm))  # the critic's own copy, same initial weights
-        if cfg.model.lora.enabled and cfg.model.lora.critic:
-            backbone = get_peft_model(backbone, lora_config(cfg.model.lora, None, num_layers))
+        if model.lora.enabled and model.lora.critic:
+            backbone = get_peft_model(backbone, lora_config(model.lora, None, num_layers))
         critic = ValueHead(backbone, hidden_size)
-    if cfg.model.lora.enabled:
-        actor = PolicyModel(get_peft_model(lm, lora_config(cfg.model.lora, "CAUSAL_LM", num_layers)),
-                            cfg.model.logprob_chunk,
-                            cfg.rollout.temperature)
+    if model.lora.enabled:
+        actor = PolicyModel(get_peft_model(lm, lora_config(model.lora, "CAUSAL_LM", num_layers)),
+                            model.logprob_chunk,
+                            rollout.temperature)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
                                prefix=None, prefix_depth=0):  # the frozen bottom has no adapter: its cache serves both
@@ -207,7 +209,7 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
                                          prefix_depth=prefix_depth, temperature=actor.temperature)[0]
     else:
         frozen = copy.deepcopy(lm).eval().requires_grad_(False)
-        actor = PolicyModel(lm, cfg.model.logprob_chunk, cfg.rollout.temperature)
+        actor = PolicyModel(lm, model.logprob_chunk, rollout.temperature)
 
         def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None,
                                prefix=None, prefix_depth=0):
@@ -217,7 +219,7 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
                 return sequence_logprobs(frozen, input_ids, attention_mask, actor.chunk, target_mask,
                                          choice_mask=choice_mask, choice_ids=choice_ids,
                                          temperature=actor.temperature)[0]
-    if cfg.model.gradient_checkpointing:
+    if model.gradient_checkpointing:
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
         unwrap_peft(actor.lm).gradient_checkpointing_enable(**kwargs)
         critic_base = unwrap_peft(critic.backbone) if critic is not None else None
@@ -226,13 +228,14 @@ def wrap_models(lm: PreTrainedModel, tokenizer: Any, cfg: PPOConfig) -> Models:
     return Models(actor, critic, reference_logprobs, ensure_pad_token(tokenizer))
 
 
-def build_models(cfg: PPOConfig, device: str | None = None) -> Models:
-    """Load ``cfg.model.sft_checkpoint`` (or ``cfg.model.name``) and wrap it (see :func:`wrap_models`)."""
-    spec = cfg.model.sft_checkpoint or cfg.model.name
-    lm = load_causal_lm(spec, device=device or "auto", dtype=cfg.model.dtype,
-                        trust_remote_code=cfg.model.trust_remote_code)
-    tokenizer = load_tokenizer(spec, trust_remote_code=cfg.model.trust_remote_code)
-    return wrap_models(lm.train(), tokenizer, cfg)
+def build_models(model: ModelSettings, algorithm: AlgorithmSettings, rollout: RolloutSettings,
+                 device: str | None = None) -> Models:
+    """Load ``model.sft_checkpoint`` (or ``model.name``) and wrap it (see :func:`wrap_models`)."""
+    spec = model.sft_checkpoint or model.name
+    lm = load_causal_lm(spec, device=device or "auto", dtype=model.dtype,
+                        trust_remote_code=model.trust_remote_code)
+    tokenizer = load_tokenizer(spec, trust_remote_code=model.trust_remote_code)
+    return wrap_models(lm.train(), tokenizer, model, algorithm, rollout)
 
 
 def trainable_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

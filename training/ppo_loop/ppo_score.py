@@ -55,7 +55,7 @@ def frozen_prefix_states(run: Run, batch: dict[str, torch.Tensor], recorded: lis
         states[i, :n] = recorded[i][:n].to(device=states.device, dtype=states.dtype)
     computed = torch.tensor(sorted(set(range(B)) - set(reused)), dtype=torch.long, device=states.device)
     lengths = batch["attention_mask"].sum(-1)[computed]
-    for rows in computed[lengths.argsort(stable=True)].split(run.cfg.optim.micro_batch_size) if len(computed) else ():
+    for rows in computed[lengths.argsort(stable=True)].split(run.optim.micro_batch_size) if len(computed) else ():
         mb = select(batch, rows)
         hidden = prefix_hidden(run.policy.lm, mb["input_ids"], mb["attention_mask"], run.frozen_depth)
         states[rows, :hidden.shape[1]] = hidden.to(states.dtype)
@@ -103,8 +103,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     reference log-probs and values (no gradients), token rewards, advantages and returns, and with
     ``tis`` the importance weights. Returns (batch, extras for the log). ``train_actor`` False (a
     critic-only update): no frozen-layer states unless the old log-probs are recomputed."""
-    cfg, accelerator = run.cfg, run.accelerator
-    algo = cfg.algorithm
+    accelerator, algo = run.accelerator, run.algorithm
     batch = episodes_to_batch(episodes, run.pad_id, accelerator.device)
     mask = batch["model_mask"]
     overlong = torch.zeros_like(batch["reward"])
@@ -120,7 +119,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if run.frozen_depth and (train_actor or recompute):  # the frozen bottom layers, once for the whole update
         batch["prefix"], reused_states = frozen_prefix_states(run, batch, recorded_states(episodes))
     with torch.no_grad():
-        for rows in torch.arange(mask.shape[0], device=accelerator.device).split(cfg.optim.micro_batch_size):
+        for rows in torch.arange(mask.shape[0], device=accelerator.device).split(run.optim.micro_batch_size):
             mb = select(batch, rows)
             verdicts = {"choice_mask": mb["choice_mask"], "choice_ids": run.choice_ids}
             if recompute:

@@ -1,6 +1,7 @@
 """Setting up a PPO run: the accelerator, seeds, resume point, SFT warm start, models,
 optimizers (one ``accelerator.prepare`` per model) and the rollout backend, gathered in a
-:class:`Run` that every phase of the update loop (:mod:`training.ppo`) reads."""
+:class:`Run` that every phase of the update loop (:mod:`training.ppo`) reads. The whole config
+stops here: a :class:`Run` holds the sections the phases read."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,18 @@ from envs.config import EnvConfig
 from envs.protocol import judge_token_ids
 from training import sft
 from training.algorithm.kl_control import build_kl_controller
-from training.config import AlgorithmSettings, PPOConfig, save_resolved, to_dict, upgrade, with_values
+from training.config import (
+    AlgorithmSettings,
+    ModelSettings,
+    OptimSettings,
+    PPOConfig,
+    RolloutSettings,
+    RunSettings,
+    save_resolved,
+    to_dict,
+    upgrade,
+    with_values,
+)
 from training.evaluation.ppo_report import evaluate_policy
 from training.models.checkpoint import load_latest
 from training.models.compiled_layers import compile_trained_layers
@@ -29,15 +41,16 @@ from training.teachers.trajectories import seeds_r1_prompt_fn
 from training.warm_start import warm_start_cache
 
 
-def verdict_choice_ids(cfg: PPOConfig, env_config, tokenizer, device) -> torch.Tensor | None:
+def verdict_choice_ids(rollout: RolloutSettings, algorithm: AlgorithmSettings, env_config, tokenizer,
+                       device) -> torch.Tensor | None:
     """(C,) ids of the verdict tokens constrained verdicts choose among, or None (free verdicts)."""
-    if env_config.expand_form != "judge" or not cfg.rollout.constrain_verdicts:
-        if cfg.algorithm.kl_estimator == "exact":
+    if env_config.expand_form != "judge" or not rollout.constrain_verdicts:
+        if algorithm.kl_estimator == "exact":
             raise ValueError("kl_estimator exact is the KL of the two-way constrained verdicts: it needs the "
                              "judgement form (env expand_form: judge) with constrain_verdicts: true")
         return None
     ids = judge_token_ids(tokenizer)
-    if cfg.algorithm.kl_estimator == "exact" and len(ids) != 2:
+    if algorithm.kl_estimator == "exact" and len(ids) != 2:
         raise ValueError(f"kl_estimator exact needs two verdict choices, not {len(ids)}")
     return torch.tensor(ids, dtype=torch.long, device=device)
 
@@ -58,9 +71,14 @@ def _lr_lambda(warmup: int):
 
 @dataclasses.dataclass
 class Run:
-    """Everything :func:`train` sets up once and every update reads."""
+    """Everything :func:`train` sets up once and every update reads: the config's sections the phases
+    read (not the whole config), the accelerator, data, models, optimizers and the rollout backend."""
 
-    cfg: PPOConfig
+    model: ModelSettings
+    rollout: RolloutSettings
+    optim: OptimSettings
+    algorithm: AlgorithmSettings
+    run_settings: RunSettings  # the config's `run` section: seed, run folder, export, logging
     accelerator: Any
     out: Path
     retriever: Any
@@ -81,24 +99,25 @@ class Run:
     frozen_depth: int = 0  # cache_frozen_layers: the actor's bottom layers run once per update
     initial_weights: str | None = None  # the folder the actor was built from (the SFT checkpoint), if any
     kl_controller: Any = None  # β of the KL penalty, fixed or adaptive (algorithm/kl_control.py: current_kl_coef)
+    # warm_start.cache: the resolved config as plain dicts, which keys the cached evaluation before PPO; None: no cache
+    cached_eval_settings: dict | None = None
 
     @property
     def pad_id(self) -> int:
         return self.models.tokenizer.pad_token_id if self.models.tokenizer.pad_token_id is not None else 0
 
 
-def resume_point(cfg: PPOConfig) -> tuple[PPOConfig, Path | None]:
-    """With ``--resume``: the latest checkpoint, and the SFT policy the interrupted run started from."""
-    out = Path(cfg.run.output_dir)
-    resume_from = load_latest(out) if cfg.run.resume else None
-    if cfg.run.resume and resume_from is None:
+def resume_point(settings: RunSettings, model: ModelSettings) -> tuple[str | None, Path | None]:
+    """With ``--resume`` (the ``run`` section, ``settings``): the SFT policy the interrupted run started
+    from, where ``model.sft_checkpoint`` names none (else None), and the latest checkpoint."""
+    out = Path(settings.output_dir)
+    resume_from = load_latest(out) if settings.resume else None
+    if settings.resume and resume_from is None:
         print(f"[ppo] --resume: no checkpoint in {out}; starting from scratch", flush=True)
-    if resume_from is not None and not cfg.model.sft_checkpoint and (out / "config.yaml").is_file():
+    if resume_from is not None and not model.sft_checkpoint and (out / "config.yaml").is_file():
         saved = upgrade(PPOConfig, yaml.safe_load((out / "config.yaml").read_text()) or {})  # old run folders too
-        sft_checkpoint = (saved.get("model") or {}).get("sft_checkpoint")
-        if sft_checkpoint:  # resume on top of the same SFT policy
-            cfg = with_values(cfg, {"model.sft_checkpoint": sft_checkpoint})
-    return cfg, resume_from
+        return (saved.get("model") or {}).get("sft_checkpoint") or None, resume_from  # the same SFT policy
+    return None, resume_from
 
 
 def resolve_sft_checkpoint(cfg: PPOConfig, retriever=None, examples: list | None = None) -> PPOConfig:
@@ -119,37 +138,41 @@ def prepare_optimization(run: Run) -> None:
     """AdamW + warm-up schedule per trained model, then one ``accelerator.prepare`` per model:
     under DeepSpeed each becomes its own engine, with its own optimizer and clipping (accelerate
     takes one model per prepare there; the DeepSpeed path calls each engine's backward itself)."""
-    cfg, accelerator, models = run.cfg, run.accelerator, run.models
-    trained = {"actor": (models.actor, cfg.optim.lr_actor)}
+    optim, accelerator, models = run.optim, run.accelerator, run.models
+    trained = {"actor": (models.actor, optim.lr_actor)}
     if models.critic is not None:
-        trained["critic"] = (models.critic, cfg.optim.lr_critic)
+        trained["critic"] = (models.critic, optim.lr_critic)
     if uses_deepspeed(accelerator):
-        configure_deepspeed(accelerator, cfg.optim, run.local_questions * cfg.rollout.samples_per_question)
+        configure_deepspeed(accelerator, optim, run.local_questions * run.rollout.samples_per_question)
     for name, (model, lr) in trained.items():
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
-                                      weight_decay=cfg.optim.weight_decay)
-        run.schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(cfg.optim.warmup_updates))
+                                      weight_decay=optim.weight_decay)
+        run.schedulers[name] = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(optim.warmup_updates))
         prepared, run.optimizers[name] = accelerator.prepare(model, optimizer)
         setattr(run, name, prepared)
     run.policy = accelerator.unwrap_model(run.actor)
-    run.frozen_depth = frozen_depth(run.policy.lm) if cfg.model.cache_frozen_layers else 0
-    if cfg.model.cache_frozen_layers and not run.frozen_depth and accelerator.is_main_process:
+    run.frozen_depth = frozen_depth(run.policy.lm) if run.model.cache_frozen_layers else 0
+    if run.model.cache_frozen_layers and not run.frozen_depth and accelerator.is_main_process:
         print("[ppo] cache_frozen_layers: no frozen layers below the trainable ones (set lora.top_layers); "
               "nothing is cached", flush=True)
-    if cfg.model.compile_trained_layers:
+    if run.model.compile_trained_layers:
         compiled = compile_trained_layers(run.policy.lm)
         if accelerator.is_main_process:
             print(f"[ppo] compile_trained_layers: decoder layers {compiled} compile on the first pass", flush=True)
     run.value_model = accelerator.unwrap_model(run.critic) if run.critic is not None else None
 
 
-def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerator) -> tuple[Run, Path | None]:
-    """The accelerator, seeds, data, models (after the SFT warm start), optimizers and the rollout backend."""
+def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerator
+           ) -> tuple[Run, PPOConfig, Path | None]:
+    """The accelerator, seeds, data, models (after the SFT warm start), optimizers and the rollout backend
+    -> (the run, the resolved config: resume point and warm start filled in, the checkpoint to resume from)."""
     accelerator = accelerator or make_accelerator(cfg.run.report_to, cfg.run.output_dir)
     check_process_count(accelerator)
     use_all_cores(accelerator.device)  # accelerate launch exports OMP_NUM_THREADS=1; SEEDS_RL_THREADS=N overrides
     set_seed(cfg.run.seed)
-    cfg, resume_from = resume_point(cfg)
+    sft_checkpoint, resume_from = resume_point(cfg.run, cfg.model)
+    if sft_checkpoint:  # resume on top of the same SFT policy
+        cfg = with_values(cfg, {"model.sft_checkpoint": sft_checkpoint})
     check_judge_context(cfg.algorithm, cfg.env)
     retriever = retriever if retriever is not None else load_retriever(cfg.data)
     if examples is None or eval_examples is None:
@@ -159,7 +182,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     initial_weights = None
     if models is None:
         cfg = resolve_sft_checkpoint(cfg, retriever, examples)
-        models = build_models(cfg, device=str(accelerator.device))
+        models = build_models(cfg.model, cfg.algorithm, cfg.rollout, device=str(accelerator.device))
         checkpoint = cfg.model.sft_checkpoint
         initial_weights = checkpoint if checkpoint and Path(checkpoint).is_dir() else None
     out = Path(cfg.run.output_dir)
@@ -171,24 +194,28 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     if cfg.rollout.questions_per_update // W * cfg.rollout.samples_per_question < cfg.optim.mini_batches:
         raise ValueError("each process needs at least one episode per mini-batch")
     env_config = cfg.env
-    run = Run(cfg=cfg, accelerator=accelerator, out=out, retriever=retriever, examples=examples,
+    run = Run(model=cfg.model, rollout=cfg.rollout, optim=cfg.optim, algorithm=cfg.algorithm, run_settings=cfg.run,
+              accelerator=accelerator, out=out, retriever=retriever, examples=examples,
               eval_examples=eval_examples, models=models, env_config=env_config,
               prompt_fn=seeds_r1_prompt_fn(env_config), local_questions=cfg.rollout.questions_per_update // W,
-              choice_ids=verdict_choice_ids(cfg, env_config, models.tokenizer, accelerator.device),
-              initial_weights=initial_weights, kl_controller=build_kl_controller(cfg.algorithm))
+              choice_ids=verdict_choice_ids(cfg.rollout, cfg.algorithm, env_config, models.tokenizer,
+                                            accelerator.device),
+              initial_weights=initial_weights, kl_controller=build_kl_controller(cfg.algorithm),
+              cached_eval_settings=to_dict(cfg) if cfg.warm_start.cache else None)
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
-    run.backend = build_rollout_backend(cfg, run.policy, models.tokenizer, accelerator)
+    run.backend = build_rollout_backend(cfg.rollout, cfg.model, run.policy, models.tokenizer, accelerator,
+                                        seed=cfg.run.seed)
     if cfg.run.report_to == "wandb":
         accelerator.init_trackers(cfg.run.wandb_project, config=to_dict(cfg))
-    return run, resume_from
+    return run, cfg, resume_from
 
 
 def evaluate(run: Run) -> tuple[dict, dict]:
     """Greedy episodes of the current policy on the held-out questions."""
     sync_rollout_weights(run.backend, run.policy)
-    return evaluate_policy(run.backend, run.retriever, run.env_config, run.eval_examples, run.cfg, run.accelerator,
-                           run.prompt_fn, run.models.tokenizer)
+    return evaluate_policy(run.backend, run.retriever, run.env_config, run.eval_examples, run.rollout,
+                           run.run_settings.seed, run.accelerator, run.prompt_fn, run.models.tokenizer)
 
 
 def evaluate_before(run: Run, resumed: bool) -> tuple[dict, dict]:
@@ -196,10 +223,10 @@ def evaluate_before(run: Run, resumed: bool) -> tuple[dict, dict]:
     built from a checkpoint folder: the evaluation an earlier run made of the same weights under the
     same settings (:func:`training.warm_start.warm_start_cache.evaluation_key`; its stats name the entry as
     ``cached_from``), or this one, kept for later runs. The main process's answer holds for all."""
-    cfg, key, cached = run.cfg, None, None
-    if cfg.warm_start.cache and not resumed and run.initial_weights and warm_start_cache.usable():
+    settings, key, cached = run.cached_eval_settings, None, None
+    if settings is not None and not resumed and run.initial_weights and warm_start_cache.usable():
         if run.accelerator.is_main_process:
-            key = warm_start_cache.evaluation_key(cfg, run.env_config, run.initial_weights, run.eval_examples,
+            key = warm_start_cache.evaluation_key(settings, run.env_config, run.initial_weights, run.eval_examples,
                                                  run.retriever)
             cached = warm_start_cache.load_evaluation(key, len(run.eval_examples))
         if run.accelerator.num_processes > 1:

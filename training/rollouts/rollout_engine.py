@@ -1,6 +1,6 @@
 """The PPO trainer's rollout engine: transformers over the live actor, or vLLM fed the actor's weights.
 
-    backend = build_rollout_backend(cfg, policy, tokenizer, accelerator)   # once, after accelerator.prepare
+    backend = build_rollout_backend(cfg.rollout, cfg.model, policy, tokenizer, accelerator, seed=cfg.run.seed)
     sync_rollout_weights(backend, policy)   # before every rollout phase and every evaluation
     close_rollout_backend(backend)          # at the end, before accelerator.end_training()
 
@@ -48,27 +48,30 @@ from inference.backends.hf import HFBackend
 from inference.backends.vllm_backend import VLLMBackend, hf_state_items
 from inference.models import resolve_model
 from methods.llm import LLMBackend
-from training.config import ModelSettings, PPOConfig, VLLMSettings
+from training.config import ModelSettings, RolloutSettings, VLLMSettings
 
 _ENGINE: tuple[tuple, Any] | None = None  # (settings key, VLLMBackend): this process's engine
 
 
-def build_rollout_backend(cfg: PPOConfig, policy: Any, tokenizer: Any, accelerator: Any) -> LLMBackend:
-    """The rollout backend that ``cfg.rollout.rollout_engine`` names, for the (unwrapped) actor ``policy``.
+def build_rollout_backend(rollout: RolloutSettings, model: ModelSettings, policy: Any, tokenizer: Any,
+                          accelerator: Any, *, seed: int) -> LLMBackend:
+    """The rollout backend that ``rollout.rollout_engine`` names, for the (unwrapped) actor ``policy``
+    (loaded as ``model`` says); ``seed``: the run's (a vLLM engine's sampling seed, per process).
 
     The vLLM engine starts with the folder's weights; call :func:`sync_rollout_weights` before use.
     """
-    if cfg.rollout.rollout_engine == "hf":
+    if rollout.rollout_engine == "hf":
         options: dict[str, Any]  # HFBackend's keyword options
-        options = dict(max_batch_size=cfg.rollout.rollout_batch_size, max_context=cfg.rollout.max_context_tokens + 1,
+        options = dict(max_batch_size=rollout.rollout_batch_size, max_context=rollout.max_context_tokens + 1,
                        logprobs_mode="sampled")  # μ's log-probs (greedy evaluation: the raw π)
-        if cfg.rollout.rollout_merge_lora and policy.is_lora:
+        if rollout.rollout_merge_lora and policy.is_lora:
             return MergedLoraHFBackend(policy.lm, tokenizer, **options)
         return HFBackend(policy.lm, tokenizer, **options)
-    if cfg.rollout.rollout_engine != "vllm":
-        raise ValueError(f"unknown rollout_engine {cfg.rollout.rollout_engine!r} (expected 'hf' or 'vllm')")
-    set_engine_environment(cfg.rollout.vllm, accelerator)
-    backend = vllm_engine(engine_model_folder(cfg.model), vllm_engine_options(cfg, policy, accelerator))
+    if rollout.rollout_engine != "vllm":
+        raise ValueError(f"unknown rollout_engine {rollout.rollout_engine!r} (expected 'hf' or 'vllm')")
+    set_engine_environment(rollout.vllm, accelerator)
+    backend = vllm_engine(engine_model_folder(model), vllm_engine_options(rollout, model, policy, accelerator,
+                                                                            seed=seed))
     check_same_tokenizer(backend.tokenizer, tokenizer)
     backend.tokenizer = tokenizer  # rollouts tokenise prompts and observations with the trainer's tokenizer
     accelerator.wait_for_everyone()  # engines start at different speeds; keep the ranks together
@@ -143,9 +146,10 @@ def engine_model_folder(model: ModelSettings) -> Path:
     return resolve_model(model.sft_checkpoint or model.name)
 
 
-def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[str, Any]:
-    """``VLLMBackend`` keyword arguments for this process (see the module docstring)."""
-    settings = cfg.rollout.vllm
+def vllm_engine_options(rollout: RolloutSettings, model: ModelSettings, policy: Any, accelerator: Any, *,
+                        seed: int) -> dict[str, Any]:
+    """``VLLMBackend`` keyword arguments for this process (see the module docstring); ``seed``: the run's."""
+    settings = rollout.vllm
     dtype = settings.dtype
     if dtype == "auto":  # the actor's own dtype, so a synced weight is not rounded on the way in
         dtype = str(next(policy.lm.parameters()).dtype).removeprefix("torch.")
@@ -153,9 +157,9 @@ def vllm_engine_options(cfg: PPOConfig, policy: Any, accelerator: Any) -> dict[s
     options: dict[str, Any] = dict(
         tensor_parallel_size=settings.tensor_parallel_size,
         gpu_memory_utilization=settings.gpu_memory_utilization,
-        max_model_len=settings.max_model_len or cfg.rollout.max_context_tokens + 1,
-        seed=cfg.run.seed + accelerator.process_index,
-        trust_remote_code=cfg.model.trust_remote_code,
+        max_model_len=settings.max_model_len or rollout.max_context_tokens + 1,
+        seed=seed + accelerator.process_index,
+        trust_remote_code=model.trust_remote_code,
         dtype=dtype,
         enforce_eager=accelerator.device.type == "cpu" if eager is None else eager,
         enable_prefix_caching=settings.enable_prefix_caching,

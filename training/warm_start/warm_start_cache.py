@@ -170,10 +170,11 @@ def retrieval_probe(retriever: Any, questions: Sequence[str], k: int) -> list[li
              for hit in row] for row in hits]
 
 
-def evaluation_key(ppo_config: Any, env_config: Any, checkpoint: str | Path, examples: Sequence[Any],
+def evaluation_key(config_tree: dict[str, Any], env_config: Any, checkpoint: str | Path, examples: Sequence[Any],
                    retriever: Any) -> str:
-    """The key of the greedy evaluation of ``checkpoint`` on ``examples`` under this run's settings."""
-    settings = without(dataclasses.asdict(ppo_config), TRAINING_ONLY)
+    """The key of the greedy evaluation of ``checkpoint`` on ``examples`` under this run's settings
+    (``config_tree``: the resolved PPO config as plain dicts, ``to_dict(cfg)``; its training-only fields drop out)."""
+    settings = without(config_tree, TRAINING_ONLY)
     held_out = [dataclasses.asdict(e) for e in examples]
     probe = retrieval_probe(retriever, [e.question for e in examples], env_config.candidates_per_search)
     return digest({"settings": settings, "env": dataclasses.asdict(env_config), "weights": folder_digest(checkpoint),
