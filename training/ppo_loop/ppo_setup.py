@@ -44,7 +44,7 @@ from training.warm_start import warm_start_cache
 def verdict_choice_ids(rollout: RolloutSettings, algorithm: AlgorithmSettings, env_config, tokenizer,
                        device) -> torch.Tensor | None:
     """(C,) ids of the verdict tokens constrained verdicts choose among, or None (free verdicts)."""
-    if env_config.expand_form != "judge" or not rollout.constrain_verdicts:
+    if not env_config.judge_form.judged or not rollout.constrain_verdicts:
         if algorithm.kl_estimator == "exact":
             raise ValueError("kl_estimator exact is the KL of the two-way constrained verdicts: it needs the "
                              "judgement form (env expand_form: judge) with constrain_verdicts: true")
@@ -58,7 +58,7 @@ def verdict_choice_ids(rollout: RolloutSettings, algorithm: AlgorithmSettings, e
 def check_judge_context(algorithm: AlgorithmSettings, env_config: EnvConfig) -> None:
     """Verdicts judged alone are rows of their own in the batch, with no value to learn: they need
     a critic-free estimator, whose per-episode advantage each of them takes."""
-    if env_config.judge_context == "alone" and uses_critic(algorithm):
+    if env_config.judge_form.alone and uses_critic(algorithm):
         raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp, "
                          f"reinforce_pp_baseline), not advantage {algorithm.advantage!r}: its verdict rows take "
                          f"their episode's advantage")
