@@ -106,7 +106,7 @@ def test_batch_rows_take_the_recorded_states(random_lm, tokenizer, retriever, ex
     episodes = alone_rollouts(random_lm, tokenizer, retriever, examples, depth=1)
     batch = episodes_to_batch(episodes, tokenizer.pad_token_id, "cpu")
     run = SimpleNamespace(policy=SimpleNamespace(lm=random_lm), frozen_depth=1,
-                          cfg=SimpleNamespace(optim=SimpleNamespace(micro_batch_size=4)))
+                          optim=SimpleNamespace(micro_batch_size=4))
     taken, share = frozen_prefix_states(run, batch, recorded_states(episodes))
     computed, none = frozen_prefix_states(run, batch, None)
     assert share == 1.0 and none == 0.0
