@@ -10,7 +10,8 @@ Every seed is one run of :func:`training.ppo.train` (SFT warm start, greedy eval
 held-out questions, PPO, greedy evaluation again) with ``seed`` set; the warm start of the first
 seed is reused by the others (``sft_checkpoint``), so the seeds differ in PPO only, and with
 ``cache_warm_start`` a second call reuses the warm start and its evaluation. One seed is the main
-job's size: about 15-25 minutes on 2 cores (the first call also trains the warm start). Over several
+job's size: about 15-25 minutes on 2 cores at the 6 updates of the previous default, about twice
+the PPO phase at today's 12 (the first call also trains the warm start). Over several
 seeds the before/after comparison is pooled with the two-level paired bootstrap of
 :mod:`training.seed_spread`. Results go to ``<out>/result.json``.
 

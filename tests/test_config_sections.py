@@ -30,7 +30,8 @@ def test_every_old_name_points_at_a_field():
 def test_an_old_run_folder_loads_as_the_same_settings_in_the_nested_form(capsys):
     old = load_config(PPOConfig, ["--config", str(OLD_RUN_CONFIG)])
     assert "deprecated: old flat PPO config keys" in capsys.readouterr().err
-    nested = load_config(PPOConfig, [*DEFAULT, "--run.seed", "3", "--warm_start.epochs", "1", "--model.lora.r", "8"])
+    nested = load_config(PPOConfig, [*DEFAULT, "--run.seed", "3", "--warm_start.epochs", "1", "--model.lora.r", "8",
+                                     "--env.reward.negative_opened_penalty", "0.15", "--optim.updates", "6"])
     assert old == nested
     assert (old.run.seed, old.warm_start.epochs, old.model.lora.r, old.env.max_actions) == (3, 1, 8, 3)
 

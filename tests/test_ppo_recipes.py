@@ -10,17 +10,21 @@ from training.runtime.inputs import REPO_ROOT
 RECIPES = REPO_ROOT / "configs" / "ppo"
 
 
-def test_the_default_opens_above_the_cut_and_charges_beta_015():
+def test_the_default_opens_above_the_cut_and_charges_beta_005_for_12_updates():
     default = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml")])
     assert default.warm_start.teacher_open_rate == 0.6
     reward = default.env.reward
-    assert (reward.positive_opened_bonus, reward.negative_opened_penalty) == (0.25, 0.15)
+    assert (reward.positive_opened_bonus, reward.negative_opened_penalty) == (0.25, 0.05)
+    assert default.optim.updates == 12
     assert default.algorithm.verdict_credit_centred  # the verdicts' own credit moves which candidates open, not how
     # many
     above = load_config(PPOConfig, ["--config", str(RECIPES / "above_cut.yaml")])  # runs 43-45's command
     assert not above.algorithm.verdict_credit_centred  # as those runs measured it
-    assert with_values(above, {"run.output_dir": default.run.output_dir, "algorithm.verdict_credit_centred": True}) \
-        == default
+    assert (above.env.reward.negative_opened_penalty, above.optim.updates) == (0.15, 6)
+    previous = load_config(PPOConfig, ["--config", str(RECIPES / "centred_beta015.yaml")])  # r72-r74's default
+    assert with_values(above, {"run.output_dir": previous.run.output_dir, "algorithm.verdict_credit_centred": True}) \
+        == previous
+    assert changed_fields(previous, default) == {"env.reward", "optim.updates", "run.output_dir"}
 
 
 def test_half_open_is_the_previous_default_with_its_two_values():
@@ -31,5 +35,5 @@ def test_half_open_is_the_previous_default_with_its_two_values():
     reward, default_reward = half.env.reward, default.env.reward
     assert reward == dataclasses.replace(default_reward, negative_opened_penalty=0.05)
     assert reward.positive_opened_bonus == 0.25  # the base's env overrides are kept, not replaced
-    assert changed_fields(half, default) == {"warm_start.teacher_open_rate", "env.reward", "run.output_dir",
+    assert changed_fields(half, default) == {"warm_start.teacher_open_rate", "optim.updates", "run.output_dir",
                                              "algorithm.verdict_credit_centred"}
