@@ -17,10 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from envs.config import EnvConfig
-from envs.typed_config import OVERRIDES, ConfigError, deprecated, load_config, merge_values
+from envs.typed_config import OVERRIDES, ConfigError, deprecated, load_config, merge_values, parse_overrides
 from inference.backends.chat import THINKING_MODES
 from methods.budgets import PRESETS
 
@@ -165,19 +163,13 @@ def old_value_tree(key: str, target: str, value: Any) -> dict[str, Any]:
 
 
 def pairs_to_tree(pairs: list, flag: str) -> dict[str, Any]:
-    """``["k=3", "preview.max_tokens=40"]`` -> ``{"k": 3, "preview": {"max_tokens": 40}}`` (YAML scalar
-    values, ``-`` in keys read as ``_``, later pairs over earlier ones)."""
-    tree: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = str(pair).partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{flag} expects key=value, got {pair!r}")
-        *parents, last = key.replace("-", "_").split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(text)
-    return tree
+    """``["k=3", "preview.max_tokens=40"]`` -> ``{"k": 3, "preview": {"max_tokens": 40}}``: each pair read
+    as a ``--key=value`` override (:func:`envs.typed_config.parse_overrides`: YAML scalar values, ``-`` in
+    keys read as ``_``, later pairs over earlier ones)."""
+    bad = [pair for pair in pairs if not str(pair).partition("=")[0] or "=" not in str(pair)]
+    if bad:
+        raise ConfigError(f"{flag} expects key=value, got {bad[0]!r}")
+    return parse_overrides([f"--{pair}" for pair in pairs])[1]
 
 
 def upgrade_old_argv(argv: list[str]) -> list[str]:
