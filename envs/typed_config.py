@@ -38,6 +38,7 @@ import textwrap
 import tokenize
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,29 @@ def upgrade(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     hints = _field_types(cls)
     return {key: (upgrade(hints[key], value) if key in hints and dataclasses.is_dataclass(hints[key])
                   and isinstance(value, dict) else value) for key, value in values.items()}
+
+
+def move_old_keys(values: dict[str, Any], old_keys: dict[str, str], sections: tuple[str, ...],
+                  convert: Callable[[str, str, Any], tuple[str, Any]] | None = None,
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """``values`` with each old flat key of ``old_keys`` moved to its dotted target (``{"limit": 3}``,
+    ``{"limit": "data.limit"}`` -> ``{"data": {"limit": 3}}``) and the keys moved, for one deprecation line. A key
+    named like a section is old only when its value is not a mapping; ``value_tree(key, target, value)`` builds a
+    key's nested dict where a plain move is not enough (pairs, renamed values)."""
+    out: dict[str, Any] = {}
+    moved = []
+    for key, value in values.items():
+        target = old_keys.get(key)
+        if target is None or (key in sections and isinstance(value, dict)):
+            out = merge_values(out, {key: value})
+            continue
+        moved.append(key)
+        if convert is not None:
+            target, value = convert(key, target, value)
+        tree: dict[str, Any] = {}
+        _set_dotted(tree, target, value)
+        out = merge_values(out, tree)
+    return out, moved
 
 
 _PRINTED: set[str] = set()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.config import EnvConfig
-from envs.typed_config import OVERRIDES, ConfigError, deprecated, load_config, merge_values, parse_overrides
+from envs.typed_config import OVERRIDES, ConfigError, deprecated, load_config, move_old_keys, parse_overrides
 from inference.backends.chat import THINKING_MODES
 from methods.budgets import PRESETS
 
@@ -113,15 +113,7 @@ class EvalConfig:
         """A recipe's (or command line's) flat keys of earlier versions moved into their sections
         (:data:`OLD_FLAGS`), with one deprecation line; ``method``, ``data`` and ``env`` are old
         keys only when they are not mappings (a name, a path, a list of ``key=value``)."""
-        out: dict[str, Any] = {}
-        moved = []
-        for key, value in values.items():
-            target = OLD_FLAGS.get(key)
-            if target is None or (key in SECTIONS and isinstance(value, dict)):
-                out = merge_values(out, {key: value})
-                continue
-            moved.append(key)
-            out = merge_values(out, old_value_tree(key, target, value))
+        out, moved = move_old_keys(values, OLD_FLAGS, SECTIONS, old_value)
         if moved:
             deprecated(f"old evaluation options read as sections ({', '.join(sorted(set(moved)))}); write "
                        "--section.field (inference.eval_config.OLD_FLAGS; docs/evaluation.md, \"Config\")")
@@ -144,22 +136,13 @@ PAIR_FLAGS = {"method_option", "llm_option", "env"}  # flags of key=value pairs 
 SECTIONS = ("method", "model", "data", "env", "run")  # an old key of the same name is a value, not a mapping
 
 
-def old_value_tree(key: str, target: str, value: Any) -> dict[str, Any]:
-    """One old option as a nested dict: ``("limit", "data.limit", 3)`` -> ``{"data": {"limit": 3}}``;
-    pairs (``["k=3"]``) become that section's keys, ``wandb: true`` becomes ``report_to: wandb``."""
+def old_value(key: str, target: str, value: Any) -> tuple[str, Any]:
+    """One old option's (target, value): pairs (``["k=3"]``) become that section's keys
+    (``("env", "env.*", ["k=3"])`` -> ``("env", {"k": 3})``), ``wandb: true`` becomes ``report_to: wandb``."""
     if target.endswith(".*"):
         pairs = value if isinstance(value, list) else [value]
-        leaf: Any = pairs_to_tree(pairs, f"--{key.replace('_', '-')}")
-        target = target[:-2]
-    else:
-        leaf = ("wandb" if value else "none") if key == "wandb" else value
-    tree: dict[str, Any] = {}
-    node = tree
-    *parents, last = target.split(".")
-    for part in parents:
-        node = node.setdefault(part, {})
-    node[last] = leaf
-    return tree
+        return target[:-2], pairs_to_tree(pairs, f"--{key.replace('_', '-')}")
+    return target, (("wandb" if value else "none") if key == "wandb" else value)
 
 
 def pairs_to_tree(pairs: list, flag: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from envs.typed_config import (  # noqa: F401  (re-exported: the loader every en
     from_dict,
     help_text,
     load_config,
-    merge_values,
+    move_old_keys,
     parse_overrides,
     read_recipe,
     recipe_values,
@@ -111,31 +111,24 @@ class PPOConfig:
         """``values`` with the flat keys of earlier recipes, run folders and command lines moved into
         their sections (:data:`OLD_FLAT_KEYS`; ``sft: {...}`` becomes ``warm_start: {...}``), with one
         deprecation line naming them. ``model`` and ``data`` are old keys only when not a mapping."""
-        out: dict[str, Any] = {}
-        moved = []
-        for key, value in values.items():
-            target = OLD_FLAT_KEYS.get(key)
-            if target is None or (key in SECTIONS and isinstance(value, dict)):
-                out = merge_values(out, {key: value})
-                continue
-            moved.append(f"{key} -> {target}")
-            if key == "sft" and isinstance(value, dict):  # fields the section types, the rest under `other`
-                value = nest_flat_lora_keys(dict(value))
-                typed = {f.name for f in dataclasses.fields(WarmStartSettings)}
-                other = {k: v for k, v in value.items() if k not in typed}
-                value = {k: v for k, v in value.items() if k in typed} | ({"other": other} if other else {})
-            tree: dict[str, Any] = {}
-            node = tree
-            *parents, leaf = target.split(".")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-            out = merge_values(out, tree)
+        out, keys = move_old_keys(values, OLD_FLAT_KEYS, SECTIONS, old_sft_section)
+        moved = [f"{key} -> {OLD_FLAT_KEYS[key]}" for key in keys]
         if moved:
             shown = ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
             deprecated(f"old flat PPO config keys read as nested ones ({shown}); write section.field "
                        "(training.config.OLD_FLAT_KEYS; docs/training.md, \"Config\")")
         return out
+
+
+def old_sft_section(key: str, target: str, value: Any) -> tuple[str, Any]:
+    """An old ``sft: {...}`` as the warm_start section: the fields it types, the rest under ``other``
+    (any other old key moves as it is)."""
+    if key == "sft" and isinstance(value, dict):
+        value = nest_flat_lora_keys(dict(value))
+        typed = {f.name for f in dataclasses.fields(WarmStartSettings)}
+        other = {k: v for k, v in value.items() if k not in typed}
+        value = {k: v for k, v in value.items() if k in typed} | ({"other": other} if other else {})
+    return target, value
 
 
 SECTIONS = ("model", "data", "env", "rollout", "optim", "algorithm", "warm_start", "evaluation", "run")
