@@ -25,6 +25,10 @@ The same world with each box judged in a context of its own (``judge_context: al
 title and text, then the question; no number) is learnt by CONTENT: the verdicts are rows of their
 own in the batch, taking their episode's advantage. Its warm start shows the teacher's expand
 without training it; its greedy policy opened every box (precision 0.2, chance) in the runs measured.
+
+Where an empty box costs 0.75, stopping raises the reward (−2 → 0): the run must still meet the box world's
+selection profile (recall kept, precision up), so a trainer that learns to stop opening fails it (checked by
+hand with the verdicts' price of opening overcharged: reward −2 → 0, recall 1 → 0; docs/training.md).
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import pytest
 
 from scripts.box_world import ALONE_ENV, build, ppo_config, warm_start
 from training.evaluation.answer_sources import ANSWER_SHARE_KEYS
+from training.evaluation.selection_profile import SelectionTargets, selection_misses
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +90,29 @@ def test_ppo_learns_which_box_to_open_judging_each_alone(setup, alone_warm_start
     for side in ("before", "after"):
         shares = [evaluation[side][key] for key in ANSWER_SHARE_KEYS]
         assert all(0 <= share <= 1 for share in shares) and sum(shares) == pytest.approx(1.0)
+
+
+# The box world's selection profile: the one full box of five opened (recall kept), little else opened. Its answers
+# weigh nothing in the reward, so EM and copies are not targets here.
+BOX_TARGETS = SelectionTargets(min_recall=0.9, max_recall_drop=0.1, min_precision_gain=0.5, docs_read=(0.8, 1.5),
+                               min_em_diff_lo=-1.0, max_copy=1.0)
+# an empty box costs 0.75: the warm start's greedy policy (it opens all five) scores 1 - 4 * 0.75 = -2, opening
+# nothing scores 0 and opening the full box alone 1, so a trainer that only learns to stop opening raises the
+# reward by 2 (its interval far above 0) and must still fail here
+STOP_PAYS_ENV = {**ALONE_ENV, "reward": {**ALONE_ENV["reward"], "negative_opened_penalty": 0.75}}
+
+
+def test_a_policy_that_stops_opening_fails_even_where_stopping_raises_the_reward(setup, alone_warm_start):
+    from training.ppo import train
+
+    out = setup["folder"] / "ppo-stop-pays"
+    result = train(ppo_config(setup, alone_warm_start, {"env": dict(STOP_PAYS_ENV), "run.output_dir": str(out),
+                                                         **CREDITS["centred"]}),
+                   retriever=setup["retriever"], examples=setup["train"], eval_examples=setup["held_out"])
+    comparison = result["comparison"]
+    print("learning test (stopping pays):", comparison)
+    stopped = {**comparison, "recall": {**comparison["recall"], "after": 0.0},
+               "docs": {**comparison["docs"], "after": 0.0}}
+    assert selection_misses(stopped, BOX_TARGETS)  # the same comparison with nothing opened after PPO fails
+    assert comparison["reward"]["lo"] > 0
+    assert selection_misses(comparison, BOX_TARGETS) == []  # the trainer chose the full box and kept opening it
