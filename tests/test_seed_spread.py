@@ -163,3 +163,23 @@ def test_the_verdict_auc_is_pooled_over_runs_where_every_run_has_it(tmp_path, ca
 def test_equal_auc_gains_give_a_point_interval():
     result = verdict_auc_spread([(0.5, 0.6), (0.4, 0.5), (0.55, 0.65)])
     assert result["lo"] == pytest.approx(0.1) and result["hi"] == pytest.approx(0.1) and result["runs_up"] == 3
+
+
+def profile_outcomes(em, positives, docs, n=20) -> dict[str, np.ndarray]:
+    """One run's outcomes with every statistic the selection profile reads (one positive shown per question)."""
+    return {**outcomes(np.full(n, em), np.full(n, positives), np.full(n, docs)),
+            "positives_shown": np.ones(n), "copied_question": np.zeros(n)}
+
+
+def test_the_learning_check_fails_runs_that_stop_opening(tmp_path, capsys):
+    before = profile_outcomes(em=0.1, positives=1, docs=4)  # every positive opened, with three negatives
+    chose = [write_eval(tmp_path / f"chose{seed}", before, profile_outcomes(em=0.1, positives=1, docs=2))
+             for seed in range(3)]
+    stopped = [write_eval(tmp_path / f"stopped{seed}", before, profile_outcomes(em=0.1, positives=0, docs=0))
+               for seed in range(3)]
+    assert main([str(f) for f in chose] + ["--check"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("selection_misses=0")
+    assert main([str(f) for f in stopped]) == 0  # a report without --check
+    assert main([str(f) for f in stopped] + ["--check"]) == 1
+    out = capsys.readouterr().out
+    assert "recall after 0.000 < 0.70" in out and "selection_misses=0" not in out

@@ -1,7 +1,7 @@
 """Before/after PPO over several runs (seeds): each run's paired change and the change pooled over
 runs with a two-level bootstrap interval (runs, then questions).
 
-    python -m training.seed_spread runs/seed0 runs/seed1 runs/seed2 [--out spread.json]
+    python -m training.seed_spread runs/seed0 runs/seed1 runs/seed2 [--out spread.json] [--check]
 
 Every run folder holds the ``eval.json`` the trainer writes (:func:`training.evaluation.ppo_report.report_before_after`:
 per-question outcomes before and after PPO, in the same question order in every run that used the
@@ -12,7 +12,10 @@ change over runs with :func:`envs.bootstrap.multi_run_paired_bootstrap` (the mea
 run's own statistic, so a run whose greedy policy opened nothing counts with its precision 0; runs
 resampled with replacement, then questions, the same draw before and after), which carries the spread
 between seeds as well as between questions. The last line is machine-readable:
-``runs=R reward_diff=… reward_diff_lo=… reward_diff_hi=… precision_diff=… precision_diff_lo=… precision_diff_hi=…``.
+``runs=R reward_diff=… reward_diff_lo=… reward_diff_hi=… precision_diff=… precision_diff_lo=… precision_diff_hi=…``,
+the selection profile's statistics where recorded, and ``selection_misses=N``, the targets of
+:mod:`training.evaluation.selection_profile` the pooled change misses. With ``--check`` this is the learning
+check: the exit status is 1 when N > 0 (the main job is its one-seed form: it prints the same verdict).
 
 Runs evaluated on different questions are refused by name (:func:`check_same_eval_questions`: the
 question digests of ``eval.json`` where every run recorded them, else the ``config.yaml`` settings
@@ -46,7 +49,7 @@ from training.evaluation.policy_eval import (
     compare_runs,
     statistics_of,
 )
-from training.evaluation.selection_profile import selection_verdict
+from training.evaluation.selection_profile import selection_misses, selection_verdict
 
 
 class RunFolderError(ValueError):
@@ -176,7 +179,7 @@ def summary_line(result: dict) -> str:
             row = pooled[name]
             line += (f" {name}_before={row['before']:.4f} {name}_after={row['after']:.4f} "
                      f"{name}_diff_lo={row['lo']:.4f} {name}_diff_hi={row['hi']:.4f}")
-    return line
+    return line + f" selection_misses={len(selection_misses(pooled))}"
 
 
 def print_report(folders: list[Path], result: dict) -> None:
@@ -207,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's random seed")
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
+    parser.add_argument("--check", action="store_true",
+                        help="the learning check: exit status 1 when the pooled change misses a target of the "
+                             "selection profile (training.evaluation.selection_profile)")
     args = parser.parse_args(argv)
     try:
         check_same_eval_questions(args.runs)
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         write_json_atomic({**result, "folders": [str(f) for f in args.runs]}, args.out)
     print(summary_line(result))
-    return 0
+    return 1 if args.check and selection_misses(result["pooled"]) else 0
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ consulted: the one accelerate exports cannot be told apart from one the user set
 
 :func:`prefer_passive_openmp_wait` sets ``OMP_WAIT_POLICY=PASSIVE`` unless it is set: idle OpenMP
 threads then sleep instead of spinning, which on a shared machine keeps a multi-thread run from
-slowing down many times over whenever another process holds a core (scripts/learning_check.py
-measured 20x on 2 cores). OpenMP reads the variable when torch loads it, so call it before the
+slowing down many times over whenever another process holds a core (a PPO run measured it at
+20x on 2 cores). OpenMP reads the variable when torch loads it, so call it before the
 first ``import torch``; this module imports torch only inside :func:`use_all_cores`.
 
 Inter-op threads are left alone: eager training does not use that pool, and torch refuses to
