@@ -182,6 +182,30 @@ def test_resume_continues_exactly(tok, tmp_path, retriever, examples):
     assert next_questions(examples, 4, 2, 0) == next_questions(examples, 0, 6, 0)[4:]
 
 
+def test_a_resumed_run_compares_against_the_policy_it_started_from(tok, tmp_path, retriever, examples, monkeypatch):
+    """The "before" of a resumed run is the policy PPO started from, not the checkpoint it resumes."""
+    import training.ppo_loop.ppo_setup as ppo_setup
+
+    evaluated = []
+    original = ppo_setup.evaluate
+    monkeypatch.setattr(ppo_setup, "evaluate", lambda run: (evaluated.append(trainable(run.policy)), original(run))[1])
+
+    def run(updates, resume=False):
+        cfg = tiny_cfg(tmp_path / "a", updates=updates, resume=resume, advantage="grpo", save_every=1,
+                       cache_warm_start=False)
+        models = wrap_models(tiny_llama(tok), tok, cfg.model, cfg.algorithm, cfg.rollout)
+        initial = trainable(models.actor)
+        result = train(cfg, retriever=retriever, examples=examples, eval_examples=examples[:2], models=models)
+        return initial, result
+
+    initial, first = run(1)  # "killed" after 1 update (its checkpoint saved)
+    assert not same(trainable(first["models"].actor), initial)  # the update moved the policy
+    evaluated.clear()
+    initial, resumed = run(2, resume=True)
+    assert same(evaluated[0], initial)  # the before-evaluation saw the policy as built ...
+    assert resumed["eval_start"] == first["eval_start"]  # ... the same evaluation the first run made
+
+
 def test_group_baselines_run_without_a_critic(tok, tmp_path, retriever, examples):
     """grpo builds no critic (no second decoder, no value pass), checkpoints without critic.pt,
     resumes exactly, and refuses to resume a critic-free checkpoint with GAE."""

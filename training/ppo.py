@@ -308,6 +308,13 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
     """
     run, cfg, resume_from = set_up(cfg, retriever, examples, eval_examples, models, accelerator)  # cfg: resolved
     accelerator = run.accelerator
+    eval_start = outcomes_start = None
+    if run.eval_examples:  # the policy PPO starts from: evaluated before a resumed run loads its checkpoint
+        eval_start, outcomes_start = evaluate_before(run)
+        accelerator.print(f"[ppo] eval before PPO: EM {eval_start['em']:.3f} precision {eval_start['precision']:.3f} "
+                          f"reward {eval_start['reward_mean']:.3f} on {len(run.eval_examples)} held-out questions"
+                          + (f" (an earlier run's evaluation of the same weights: {eval_start['cached_from']})"
+                             if "cached_from" in eval_start else ""))
     start_update, data_position = 0, 0
     if resume_from is not None:
         state = load_checkpoint(resume_from, actor=run.policy, critic=run.value_model, optimizers=run.optimizers,
@@ -315,14 +322,6 @@ def train(cfg: PPOConfig, *, retriever=None, examples: list | None = None, eval_
         start_update, data_position = state["update"], state["data_position"]
         run.kl_controller.resume(state.get("kl_coef"))  # kl_target: the adapted β, not the initial one
         accelerator.print(f"[ppo] resumed from {resume_from} (update {start_update}, data position {data_position})")
-    eval_start = outcomes_start = None
-    if run.eval_examples:
-        eval_start, outcomes_start = evaluate_before(run, resumed=resume_from is not None)
-        accelerator.print(f"[ppo] eval before (update {start_update}): EM {eval_start['em']:.3f} "
-                          f"precision {eval_start['precision']:.3f} "
-                          f"reward {eval_start['reward_mean']:.3f} on {len(run.eval_examples)} held-out questions"
-                          + (f" (an earlier run's evaluation of the same weights: {eval_start['cached_from']})"
-                             if "cached_from" in eval_start else ""))
 
     history = []
     bar = tqdm(range(start_update, cfg.optim.updates), initial=start_update, total=cfg.optim.updates, desc="ppo",

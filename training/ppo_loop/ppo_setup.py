@@ -218,13 +218,15 @@ def evaluate(run: Run) -> tuple[dict, dict]:
                            run.run_settings.seed, run.accelerator, run.prompt_fn, run.models.tokenizer)
 
 
-def evaluate_before(run: Run, resumed: bool) -> tuple[dict, dict]:
-    """The greedy evaluation before PPO. With ``cache_warm_start``, on a fresh run whose actor was
-    built from a checkpoint folder: the evaluation an earlier run made of the same weights under the
-    same settings (:func:`training.warm_start.warm_start_cache.evaluation_key`; its stats name the entry as
-    ``cached_from``), or this one, kept for later runs. The main process's answer holds for all."""
+def evaluate_before(run: Run) -> tuple[dict, dict]:
+    """The greedy evaluation before PPO, of the policy as built (the warm start; a resumed run calls
+    this before loading its checkpoint). With ``cache_warm_start``, where the actor was built from a
+    checkpoint folder: the evaluation an earlier run (or this one before it was interrupted) made of the
+    same weights under the same settings (:func:`training.warm_start.warm_start_cache.evaluation_key`; its
+    stats name the entry as ``cached_from``), or this one, kept for later runs. The main process's answer
+    holds for all."""
     settings, key, cached = run.cached_eval_settings, None, None
-    if settings is not None and not resumed and run.initial_weights and warm_start_cache.usable():
+    if settings is not None and run.initial_weights and warm_start_cache.usable():
         if run.accelerator.is_main_process:
             key = warm_start_cache.evaluation_key(settings, run.env_config, run.initial_weights, run.eval_examples,
                                                  run.retriever)
