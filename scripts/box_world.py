@@ -24,7 +24,14 @@ from envs.types import Hit, Passage, QAExample
 from methods.prompts import r1
 from training.config import LoraSettings, PPOConfig, with_values
 from training.sft import run as run_sft
-from training.sft_config import WarmStartConfig
+from training.sft_config import (
+    DevSettings,
+    SFTModelSettings,
+    SFTRunSettings,
+    SFTTrainSettings,
+    TeacherSettings,
+    WarmStartConfig,
+)
 from training.teachers.trajectories import sft_rows
 from training.warm_start.sft_collect import collect
 
@@ -115,12 +122,12 @@ def warm_start_config(setup, env: dict | None = None, name: str = "sft") -> Warm
     """The scripted teacher opening two random boxes; 30 epochs (TRL) on the training questions.
     Judged alone, its verdicts are shown, not trained (``train_verdicts`` off: no verdict rows)."""
     env = dict(env or ENV)
-    return WarmStartConfig(model=str(setup["base"]), dtype="float32", device="cpu",
-                           output_dir=str(setup["folder"] / name), env=env, teacher_think=False,
-                           train_verdicts=env.get("judge_context", "stream") != "alone",
-                           teacher_random_expand=2, teacher_second_search=False, epochs=30,
-                           learning_rate=3e-3, batch_size=16, warmup_ratio=0.0, dev_eval=False, dev_fraction=0.0,
-                           max_length=1024, num_envs=16)
+    return WarmStartConfig(
+        model=SFTModelSettings(name=str(setup["base"]), dtype="float32", device="cpu"), env=env,
+        teacher=TeacherSettings(think=False, random_expand=2, second_search=False, num_envs=16),
+        train=SFTTrainSettings(train_verdicts=env.get("judge_context", "stream") != "alone", epochs=30,
+                               learning_rate=3e-3, batch_size=16, warmup_ratio=0.0, max_length=1024),
+        dev=DevSettings(enabled=False, fraction=0.0), run=SFTRunSettings(output_dir=str(setup["folder"] / name)))
 
 
 def warm_start(setup, env: dict | None = None, name: str = "sft") -> str:
@@ -138,9 +145,9 @@ def protocol_policy(setup, device: str | torch.device, dtype: torch.dtype, steps
     it searches, judges and answers, so its rewards differ between samples."""
     config = warm_start_config(setup)
     records = collect(config, setup["train"], setup["retriever"], tokenizer=setup["tok"])
-    rows = sft_rows(records, setup["tok"], max_length=config.max_length, form=STREAM_FORM)
+    rows = sft_rows(records, setup["tok"], max_length=config.train.max_length, form=STREAM_FORM)
     model = random_llama(setup["tok"], init=0.02).to(device=device, dtype=dtype).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.learning_rate)
     pad = setup["tok"].pad_token_id
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):

@@ -101,8 +101,11 @@ def test_ppo_help_documents_every_field(capsys):
     assert "--model.lora.r  int = 16" in text and doc_of(ALL["LoraSettings"], "r") in flat
     assert "--env.reward.negative_opened_penalty  float = 0.05" in text
     assert doc_of(ALL["RewardConfig"], "negative_opened_penalty") in flat
-    assert "--warm_start.epochs  int = 2" in text and doc_of(WarmStartConfig, "epochs") in flat
+    assert "--warm_start.train.epochs  int = 2" in text and doc_of(ALL["SFTTrainSettings"], "epochs") in flat
+    assert "--warm_start.teacher.open_rate  float | None = None" in text
     assert "--rollout.vllm.gpu_memory_utilization" in text and "--warm_start.lora.enabled  bool = True" in text
+    for name in ("merge_lora", "device", "gradient_checkpointing"):  # documented where the SFT sections define them
+        assert f"--warm_start.{name} " in text and doc_of(ALL["WarmStartSettings"], name) in flat
     for section in ("model", "data", "env", "rollout", "optim", "algorithm", "warm_start", "evaluation", "run"):
         assert f"--{section}.*  section:" in text, section
 
@@ -114,7 +117,12 @@ def test_sft_help_documents_every_field(capsys):
     for spec in dataclasses.fields(WarmStartConfig):
         assert f"--{spec.name} " in text or f"--{spec.name}.*" in text, spec.name
         assert doc_of(WarmStartConfig, spec.name) in flat, spec.name
-    assert "--epochs  int = 3" in text and "--lora.r  int = 16" in text
+        section = type(getattr(WarmStartConfig(), spec.name))
+        for inner in dataclasses.fields(section) if dataclasses.is_dataclass(section) else ():
+            assert f"--{spec.name}.{inner.name} " in text or f"--{spec.name}.{inner.name}.*" in text, inner.name
+            assert doc_of(section, inner.name) in flat, f"{spec.name}.{inner.name}"
+    assert "--train.epochs  int = 3" in text and "--model.lora.r  int = 16" in text
+    assert "--teacher.llm  str | None = None" in text and "--dev.enabled  bool = True" in text
     assert "--env.reward.negative_opened_penalty  float = 0.05" in text
 
 

@@ -30,16 +30,17 @@ def test_every_old_name_points_at_a_field():
 def test_an_old_run_folder_loads_as_the_same_settings_in_the_nested_form(capsys):
     old = load_config(PPOConfig, ["--config", str(OLD_RUN_CONFIG)])
     assert "deprecated: old flat PPO config keys" in capsys.readouterr().err
-    nested = load_config(PPOConfig, [*DEFAULT, "--run.seed", "3", "--warm_start.epochs", "1", "--model.lora.r", "8",
+    nested = load_config(PPOConfig, [*DEFAULT, "--run.seed", "3", "--warm_start.train.epochs", "1",
+                                     "--model.lora.r", "8",
                                      "--env.reward.negative_opened_penalty", "0.15", "--optim.updates", "6"])
     assert old == nested
-    assert (old.run.seed, old.warm_start.epochs, old.model.lora.r, old.env.max_actions) == (3, 1, 8, 3)
+    assert (old.run.seed, old.warm_start.train.epochs, old.model.lora.r, old.env.max_actions) == (3, 1, 8, 3)
 
 
 def test_old_flat_overrides_on_the_command_line_win_over_a_nested_recipe():
     cfg = load_config(PPOConfig, [*DEFAULT, "--updates", "2", "--verdict_credit_centred", "false", "--sft.epochs", "1",
                                   "--lora.r", "4", "--model", "gemma3-270m", "--vllm.dtype", "float16"])
-    assert (cfg.optim.updates, cfg.algorithm.verdict_credit_centred, cfg.warm_start.epochs) == (2, False, 1)
+    assert (cfg.optim.updates, cfg.algorithm.verdict_credit_centred, cfg.warm_start.train.epochs) == (2, False, 1)
     assert (cfg.model.lora.r, cfg.model.lora.top_layers, cfg.model.name) == (4, 4, "gemma3-270m")
     assert cfg.rollout.vllm.dtype == "float16"
     assert cfg.warm_start.num_questions == 96  # the recipe's other warm-start keys are kept

@@ -145,7 +145,7 @@ def test_a_critic_only_update_runs_no_frozen_pass(tok, tmp_path, retriever, exam
 def test_sft_with_the_cache_trains_the_same_adapter(tok, tmp_path):
     """The warm start's epochs over the same rows: the frozen layers run once per row, and the
     trained LoRA weights are those of the uncached run."""
-    from training.sft_config import WarmStartConfig
+    from training.sft_config import SFTModelSettings, SFTRunSettings, SFTTrainSettings, WarmStartConfig
     from training.warm_start.sft_trainer import build_trainer
 
     generator = torch.Generator().manual_seed(0)
@@ -155,9 +155,11 @@ def test_sft_with_the_cache_trains_the_same_adapter(tok, tmp_path):
         rows.append({"input_ids": ids, "labels": [-100] * (length // 2) + ids[length // 2:]})
     weights, caches = {}, {}
     for cache in (False, True):
-        config = WarmStartConfig(output_dir=str(tmp_path / str(cache)), epochs=3, learning_rate=5e-3, batch_size=2,
-                                 warmup_ratio=0.0, device="cpu", progress=False, cache_frozen_layers=cache,
-                                 lora=LoraSettings(r=4, alpha=8, dropout=0.0, top_layers=1))
+        config = WarmStartConfig(
+            model=SFTModelSettings(device="cpu", cache_frozen_layers=cache,
+                                   lora=LoraSettings(r=4, alpha=8, dropout=0.0, top_layers=1)),
+            train=SFTTrainSettings(epochs=3, learning_rate=5e-3, batch_size=2, warmup_ratio=0.0, progress=False),
+            run=SFTRunSettings(output_dir=str(tmp_path / str(cache))))
         trainer = build_trainer(rows, config, tiny_llama(tok), tok)
         trainer.train()
         weights[cache] = trainable(trainer.model)

@@ -134,7 +134,8 @@ def test_function_local_imports_only_where_listed():
 # the configuration), stacked bottom first. A unit imports only units of lower layers, never one of its
 # own layer nor one above it (function-local imports count too; `if TYPE_CHECKING:` ones do not).
 TRAINING_LAYERS = (
-    ("config_sections",),  # training/config_sections.py: the sections of PPOConfig (and the warm start's)
+    ("config_sections",),  # training/config_sections.py: the sections of PPOConfig
+    ("sft_sections",),  # training/sft_sections.py: the sections of WarmStartConfig and PPOConfig's warm_start
     ("config",),  # training/config.py: PPOConfig, the root of those sections
     ("algorithm", "runtime", "teachers"),
     ("sft_config",),  # training/sft_config.py: WarmStartConfig (names the scripted teacher's settings)
@@ -146,7 +147,8 @@ TRAINING_LAYERS = (
     ("ppo_loop", "studies", "seed_spread"),  # python -m training.seed_spread
     ("ppo", "rescore"),  # python -m training.ppo / accelerate launch training/ppo.py; python -m training.rescore
 )
-TRAINING_TOP = {"__init__", "config", "config_sections", "sft_config", "sft", "seed_spread", "ppo", "rescore"}
+TRAINING_TOP = {"__init__", "config", "config_sections", "sft_sections", "sft_config", "sft", "seed_spread", "ppo",
+                "rescore"}
 
 
 def training_unit(module: str) -> str | None:

@@ -31,7 +31,7 @@ from training.evaluation.policy_eval import roc_auc, verdict_ranking, verdict_sc
 from training.ppo_loop.ppo_batch import episodes_to_batch, owners_advantages, pad_rows
 from training.rollouts.rollout import RolloutConfig, collect_rollouts
 from training.rollouts.rollout_judge import VerdictRow
-from training.sft_config import WarmStartConfig
+from training.sft_config import SFTTrainSettings, WarmStartConfig
 from training.teachers.trajectories import alone_verdict_rows, sft_rows, tokenize_trajectory, trajectory_from_episode
 
 SNAPSHOT = "<snapshot>\n[1] Paris: capital of France\n[2] Seine: a river\n</snapshot>"
@@ -243,7 +243,7 @@ def test_greedy_verdicts_keep_their_pi_yes(script_lm, tokenizer, retriever, exam
 
 
 def test_the_warm_start_checks_its_verdict_labels():
-    assert WarmStartConfig().verdict_labels == "teacher"
-    assert WarmStartConfig.from_dict({"verdict_labels": "both"}).verdict_labels == "both"
+    assert WarmStartConfig().train.verdict_labels == "teacher"
+    assert WarmStartConfig.from_dict({"train": {"verdict_labels": "both"}}).train.verdict_labels == "both"
     with pytest.raises(ValueError, match="verdict_labels must be one of"):
-        WarmStartConfig(verdict_labels="coin")
+        SFTTrainSettings(verdict_labels="coin")

@@ -16,8 +16,8 @@ PAPER_PPO = ["--config", str(REPO_ROOT / "configs/ppo/seeds_r1_qwen2.5_7b.yaml")
 
 
 def test_the_paper_recipes_train_five_epochs_and_export_update_450_of_500():
-    sft = WarmStartConfig.from_yaml(REPO_ROOT / "configs/sft/seeds_r1_paper.yaml", {"teacher_llm": "vllm:/m/t"})
-    assert sft.epochs == 5 and sft.dev_eval  # five epochs, the kept one chosen by dev EM
+    sft = WarmStartConfig.from_yaml(REPO_ROOT / "configs/sft/seeds_r1_paper.yaml", {"teacher": {"llm": "vllm:/m/t"}})
+    assert sft.train.epochs == 5 and sft.dev.enabled  # five epochs, the kept one chosen by dev EM
     cfg = load_config(PPOConfig, PAPER_PPO)
     assert (cfg.optim.updates, cfg.run.export_update, cfg.run.export) == (500, 450, True)
     assert cfg.run.export_update % cfg.run.save_every == 0  # the step-450 training checkpoint is written too

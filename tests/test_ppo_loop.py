@@ -281,8 +281,10 @@ def test_sft_warm_start_hook(tmp_path, monkeypatch):
     view, retriever, examples = calls[0]
     assert retriever == "R" and view is cfg and examples == ["train questions"]  # never the held-out ones
     warm = warm_start_config(cfg)  # a full-fine-tune PPO run gets a full-fine-tune warm start
-    assert warm.lora.enabled is False and warm.output_dir == str(tmp_path / "sft") and warm.teacher_expand == "random"
-    assert warm_start_config(with_values(cfg, {"warm_start": {"epochs": 5, "lora": {"enabled": True}}})).epochs == 5
+    assert warm.model.lora.enabled is False and warm.run.output_dir == str(tmp_path / "sft")
+    assert warm.teacher == cfg.warm_start.teacher and warm.teacher.expand == "random"  # the section itself
+    changed = warm_start_config(with_values(cfg, {"warm_start": {"train": {"epochs": 5}, "lora": {"enabled": True}}}))
+    assert (changed.train.epochs, changed.model.lora.enabled, changed.train.learning_rate) == (5, True, 2e-4)
     given = with_values(cfg, {"model.sft_checkpoint": "somewhere"})
     assert resolve_sft_checkpoint(given) is given and len(calls) == 1  # a given checkpoint wins
     assert resolve_sft_checkpoint(with_values(cfg, {"warm_start.enabled": False})).model.sft_checkpoint is None

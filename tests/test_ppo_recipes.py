@@ -12,7 +12,7 @@ RECIPES = REPO_ROOT / "configs" / "ppo"
 
 def test_the_default_opens_above_the_cut_and_charges_beta_005_for_12_updates():
     default = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml")])
-    assert default.warm_start.teacher_open_rate == 0.6
+    assert default.warm_start.teacher.open_rate == 0.6
     reward = default.env.reward
     assert (reward.positive_opened_bonus, reward.negative_opened_penalty) == (0.25, 0.05)
     assert default.optim.updates == 12
@@ -30,10 +30,10 @@ def test_the_default_opens_above_the_cut_and_charges_beta_005_for_12_updates():
 def test_half_open_is_the_previous_default_with_its_two_values():
     default = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml")])
     half = load_config(PPOConfig, ["--config", str(RECIPES / "half_open.yaml")])
-    assert half.warm_start.teacher_open_rate == 0.5
-    assert with_values(half.warm_start, {"teacher_open_rate": 0.6}) == default.warm_start
+    assert half.warm_start.teacher.open_rate == 0.5
+    assert with_values(half.warm_start, {"teacher.open_rate": 0.6}) == default.warm_start
     reward, default_reward = half.env.reward, default.env.reward
     assert reward == dataclasses.replace(default_reward, negative_opened_penalty=0.05)
     assert reward.positive_opened_bonus == 0.25  # the base's env overrides are kept, not replaced
-    assert changed_fields(half, default) == {"warm_start.teacher_open_rate", "optim.updates", "run.output_dir",
+    assert changed_fields(half, default) == {"warm_start.teacher", "optim.updates", "run.output_dir",
                                              "algorithm.verdict_credit_centred"}

@@ -163,8 +163,9 @@ def test_training_configs_take_a_retriever_url(server):
     from training.runtime.inputs import load_retriever as ppo_retriever
     from training.sft import WarmStartConfig, warm_start_config
     from training.sft import load_retriever as sft_retriever
+    from training.sft_config import SFTDataSettings
 
     assert isinstance(ppo_retriever(with_values(PPOConfig, {"data.retriever": server.url}).data), RemoteRetriever)
-    assert isinstance(sft_retriever(WarmStartConfig(retriever=server.url)), RemoteRetriever)
-    assert warm_start_config(with_values(PPOConfig,
-                                         {"data.retriever": server.url, "env_config": None})).retriever == server.url
+    assert isinstance(sft_retriever(WarmStartConfig(data=SFTDataSettings(retriever=server.url))), RemoteRetriever)
+    assert warm_start_config(with_values(PPOConfig, {"data.retriever": server.url,
+                                                     "env_config": None})).data.retriever == server.url

@@ -23,6 +23,7 @@ from methods.prompts import r1
 from tests.conftest import PASSAGES
 from training import sft
 from training.rollouts.rollout import RolloutConfig, collect_rollouts
+from training.sft_config import DevSettings, SFTModelSettings, SFTRunSettings, SFTTrainSettings
 from training.teachers import scripted_teacher, trajectories
 
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<expand>", "</expand>", "<answer>", "</answer>"]
@@ -227,9 +228,10 @@ def test_layout_matches_rollout(tokenizer, retriever, examples):
 def test_sft_steps_lower_loss_and_dev_eval_keeps_best(tokenizer, retriever, examples, tmp_path):
     records = collect(examples, retriever)
     train, dev = records[:2], records[2:]
-    config = sft.WarmStartConfig(output_dir=str(tmp_path / "sft"), epochs=4, learning_rate=3e-3, batch_size=4,
-                                 logging_steps=1, warmup_ratio=0.0, eval_max_turn_tokens=6, eval_batch_size=2,
-                                 device="cpu")
+    config = sft.WarmStartConfig(
+        model=SFTModelSettings(device="cpu"), run=SFTRunSettings(output_dir=str(tmp_path / "sft")),
+        train=SFTTrainSettings(epochs=4, learning_rate=3e-3, batch_size=4, logging_steps=1, warmup_ratio=0.0),
+        dev=DevSettings(max_turn_tokens=6, batch_size=2))
     model = tiny_llama(tokenizer)
     rows = trajectories.sft_rows(train * 2, tokenizer)
     trainer = sft.build_trainer(rows, config, model, tokenizer)
@@ -240,7 +242,8 @@ def test_sft_steps_lower_loss_and_dev_eval_keeps_best(tokenizer, retriever, exam
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     assert len(losses) == 4 and losses == sorted(losses, reverse=True) and losses[-1] < losses[0] - 0.5
 
-    summary = sft.train_sft(train * 2, dev, dataclass_replace(config, epochs=2), model=tiny_llama(tokenizer),
+    two_epochs = dataclass_replace(config, train=dataclass_replace(config.train, epochs=2))
+    summary = sft.train_sft(train * 2, dev, two_epochs, model=tiny_llama(tokenizer),
                             tokenizer=tokenizer, retriever=retriever)
     assert [h["epoch"] for h in summary["history"]] == [0, 1.0, 2.0]
     assert summary["best_epoch"] in (1.0, 2.0) and summary["dev_questions"] == 2
@@ -305,7 +308,7 @@ def test_turn_mean_loss_weighs_a_short_answer_like_a_long_query(tokenizer):
     assert torch.allclose(nll / turns, (query + answer) / 2, atol=1e-5)
     assert torch.allclose(tokens_nll / count, token_nll[1:9].sum() / 10 + token_nll[11:13].sum() / 10, atol=1e-5)
     with pytest.raises(ValueError, match="loss_agg"):
-        sft.WarmStartConfig(loss_agg="sequence_mean")
+        SFTTrainSettings(loss_agg="sequence_mean")
 
 
 def dataclass_replace(config, **changes):
@@ -326,9 +329,9 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     ppo_cfg = with_values(PPOConfig,
                           {"model.name": str(base), "run.output_dir": str(tmp_path / "ppo"), "run.seed": 0,
                            "env": {"max_searches": 2},
-                           "warm_start": {"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2,
-                                          "learning_rate": 1e-3,
-                             "dev_eval": True, "dev_limit": 1, "eval_max_turn_tokens": 8}})
+                           "warm_start": {"lora": {"r": 4, "alpha": 8},
+                                          "train": {"epochs": 1, "batch_size": 2, "learning_rate": 1e-3},
+                                          "dev": {"enabled": True, "limit": 1, "max_turn_tokens": 8}}})
     # warm_start collects on default questions; here the run is pointed at the four examples above.
     original = sft.load_examples
     sft.load_examples = lambda config: examples
@@ -341,21 +344,23 @@ def test_lora_merge_and_warm_start_entry(tokenizer, retriever, tmp_path):
     merged = LlamaForCausalLM.from_pretrained(path)
     assert not any("lora" in name for name, _ in merged.named_parameters())
     resolved = sft.WarmStartConfig.from_yaml(out / "config.yaml")
-    assert resolved.teacher_expand == "random" and resolved.lora.enabled and resolved.epochs == 1
-    assert resolved.lora.r == 4 and resolved.env["max_searches"] == 2 and resolved.env["candidates_per_search"] == 5
+    assert resolved.teacher.expand == "random" and resolved.model.lora.enabled and resolved.train.epochs == 1
+    assert resolved.model.lora.r == 4 and resolved.env["max_searches"] == 2
+    assert resolved.env["candidates_per_search"] == 5
     stats = json.loads((out / "acceptance.json").read_text())
     assert stats["accepted"] == 4 and stats["train"] + stats["dev"] == 4
 
 
 def test_cli_config_and_collect_only(tokenizer, retriever, examples, tmp_path, monkeypatch):
     recipe = tmp_path / "sft.yaml"
-    recipe.write_text("model: tiny\nepochs: 5\nteacher_expand: random\n")
-    config, args = sft.resolve_config(["--config", str(recipe), "--epochs", "2", "--lora.enabled", "true",
-                                       "--output-dir", str(tmp_path / "out"), "--collect-only", "--env.top_k", "3"])
-    assert (config.model, config.epochs, config.lora.enabled, config.teacher_expand) == ("tiny", 2, True, "random")
-    assert args.collect_only and config.output_dir == str(tmp_path / "out") and config.env == {"top_k": 3}
+    recipe.write_text("model: {name: tiny}\ntrain: {epochs: 5}\nteacher: {expand: random}\n")
+    config, args = sft.resolve_config(["--config", str(recipe), "--train.epochs", "2", "--model.lora.enabled", "true",
+                                       "--run.output-dir", str(tmp_path / "out"), "--collect-only", "--env.top_k", "3"])
+    assert (config.model.name, config.train.epochs, config.model.lora.enabled, config.teacher.expand) == (
+        "tiny", 2, True, "random")
+    assert args.collect_only and config.run.output_dir == str(tmp_path / "out") and config.env == {"top_k": 3}
     config = dataclass_replace(config, env={})
-    for bad in (["--no_such_field", "1"], ["--epochs", "two"], ["--teacher", "oracle"]):
+    for bad in (["--no_such_field", "1"], ["--train.epochs", "two"], ["--teacher.kind", "oracle"]):
         with pytest.raises(SystemExit):
             sft.resolve_config(bad)
     result = sft.run(config, collect_only=True, retriever=retriever, examples=examples, tokenizer=tokenizer)
@@ -363,7 +368,7 @@ def test_cli_config_and_collect_only(tokenizer, retriever, examples, tmp_path, m
     lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == [e.id for e in examples]
     assert sft.WarmStartConfig.from_yaml(tmp_path / "out" / "config.yaml") == config
-    assert sft.WarmStartConfig.from_yaml("configs/sft/default.yaml").teacher == "scripted"
+    assert sft.WarmStartConfig.from_yaml("configs/sft/default.yaml").teacher.kind == "scripted"
     # Training from the file re-judges every record with the filter.
     record = json.loads(lines[0])
     assert trajectories.acceptance(record) == (record["accepted"], record["reason"])
@@ -380,7 +385,8 @@ def test_group_by_length_batches_rows_of_similar_length(tokenizer):
         rows += [{"input_ids": [100 + k] * 6, "labels": [-100] * 5 + [100 + k]}]
 
     def padded_cells(group_by_length: bool) -> tuple[int, list[int]]:
-        config = sft.WarmStartConfig(output_dir="unused", batch_size=4, device="cpu", group_by_length=group_by_length)
+        config = sft.WarmStartConfig(model=SFTModelSettings(device="cpu"), run=SFTRunSettings(output_dir="unused"),
+                                     train=SFTTrainSettings(batch_size=4, group_by_length=group_by_length))
         loader = sft.build_trainer(rows, config, tiny_llama(tokenizer), tokenizer).get_train_dataloader()
         batches = [batch["input_ids"] for batch in loader]
         return sum(b.numel() for b in batches), sorted(int(b[i, (b[i] != 0).nonzero().max()]) for b in batches

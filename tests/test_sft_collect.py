@@ -14,7 +14,13 @@ from envs.types import QAExample
 from tests.tiny_models import tiny_tokenizer
 from training import sft
 from training.config import ConfigError, PPOConfig, load_config, with_values
-from training.sft_config import WarmStartConfig
+from training.sft_config import (
+    SFTDataSettings,
+    SFTModelSettings,
+    SFTRunSettings,
+    TeacherSettings,
+    WarmStartConfig,
+)
 from training.teachers import trajectories
 from training.teachers.scripted_teacher import collect_scripted
 from training.warm_start.sft_collect import acceptance_stats, collect_until_accepted
@@ -28,8 +34,11 @@ def mixed_questions() -> list[QAExample]:
     return [QAExample(f"m{i}", FRANCE, (gold,)) for i, gold in enumerate(golds)]
 
 
-def scripted_config(tmp_path, **values) -> WarmStartConfig:
-    return WarmStartConfig(output_dir=str(tmp_path / "sft"), model="tiny", num_envs=2, **values)
+def scripted_config(tmp_path, env: dict | None = None, **teacher) -> WarmStartConfig:
+    """The scripted teacher (or ``kind="method"``) with ``teacher`` settings, two env slots."""
+    return WarmStartConfig(model=SFTModelSettings(name="tiny"), env=env or {},
+                           teacher=TeacherSettings(**{"num_envs": 2, **teacher}),
+                           run=SFTRunSettings(output_dir=str(tmp_path / "sft")))
 
 
 def test_collection_stops_at_target_accepted(retriever, tmp_path):
@@ -59,7 +68,7 @@ def test_teacher_samples_collect_several_episodes_per_question(retriever, tmp_pa
     """``teacher_samples``: each question's episodes come together, and stopping at the target
     keeps the one-pass episodes; only the scripted teacher has it."""
     questions = mixed_questions()
-    config = scripted_config(tmp_path, teacher_samples=3, target_accepted=4, teacher_open_rate=0.5)
+    config = scripted_config(tmp_path, samples=3, target_accepted=4, open_rate=0.5)
     records, progress = collect_until_accepted(config, questions, retriever)
     whole = collect_scripted(questions, retriever, config.env_config(), config.scripted_teacher(), num_envs=2,
                              samples=3)
@@ -67,20 +76,20 @@ def test_teacher_samples_collect_several_episodes_per_question(retriever, tmp_pa
     assert [r["text"] for r in records] == [r["text"] for r in whole[:len(records)]]
     assert sum(r["accepted"] for r in records) == 4 and records[-1]["accepted"]
     assert progress["questions_used"] == 4  # chunks of 2 questions: m0 m1 give 3 accepted, m2 m3 the 4th
-    with pytest.raises(ValueError, match="teacher_samples"):
-        scripted_config(tmp_path, teacher_samples=0)
-    with pytest.raises(ValueError, match="teacher_samples"):
-        WarmStartConfig(teacher="method", teacher_llm="openai:m", teacher_samples=2)
+    with pytest.raises(ValueError, match="teacher.samples"):
+        scripted_config(tmp_path, samples=0)
+    with pytest.raises(ValueError, match="teacher.samples"):
+        TeacherSettings(kind="method", llm="openai:m", samples=2)
 
 
 def test_run_logs_and_stores_the_acceptance_rate_and_uses_the_policy_tokenizer(retriever, tmp_path, capsys,
                                                                               monkeypatch):
     tokenizer = tiny_tokenizer()
     loaded = []
-    monkeypatch.setattr(sft, "load_policy_tokenizer", lambda config: loaded.append(config.model) or tokenizer)
-    config = scripted_config(tmp_path, target_accepted=3, env={"max_obs_tokens": 45}, teacher_second_search=False)
+    monkeypatch.setattr(sft, "load_policy_tokenizer", lambda config: loaded.append(config.model.name) or tokenizer)
+    config = scripted_config(tmp_path, target_accepted=3, env={"max_obs_tokens": 45}, second_search=False)
     result = sft.run(config, collect_only=True, retriever=retriever, examples=mixed_questions())
-    assert loaded == ["tiny"]  # no tokenizer given: the policy's (config.model) is loaded for the env
+    assert loaded == ["tiny"]  # no tokenizer given: the policy's (config.model.name) is loaded for the env
     stats = json.loads((tmp_path / "sft" / "acceptance.json").read_text())
     assert stats["acceptance_rate"] == pytest.approx(0.6) and stats["accepted"] == 3 and stats["trajectories"] == 5
     assert stats["reasons"] == {"correct": 2, "gold_observed": 1, "wrong_answer": 2}
@@ -102,7 +111,7 @@ def respond(prompt: str) -> str:
 def test_method_teacher_stops_at_target_and_caps_in_policy_tokens(retriever, tmp_path):
     questions = [QAExample("x0", FRANCE, ("Kilimanjaro",)), QAExample("x1", FRANCE, ("Paris",)),
                  QAExample("x2", FRANCE, ("Paris",))]
-    config = scripted_config(tmp_path, teacher="method", teacher_llm="fake:unused", teacher_concurrency=1,
+    config = scripted_config(tmp_path, kind="method", llm="fake:unused", concurrency=1,
                              target_accepted=1, env={"max_obs_tokens": 45})
     llm = FakeLLM(respond)
     records, progress = collect_until_accepted(config, questions, retriever, tokenizer=tiny_tokenizer(), llm=llm)
@@ -110,30 +119,32 @@ def test_method_teacher_stops_at_target_and_caps_in_policy_tokens(retriever, tmp
     assert progress["questions_used"] == 2 and progress["target_reached"]
     information = [s["text"] for s in records[1]["segments"] if s["text"].startswith("<information>")]
     assert TRUNCATION_MARK in information[0]  # the FakeLLM has no tokenizer: the cap counted the policy's
-    words, _ = collect_until_accepted(dataclasses.replace(config, target_accepted=None), questions[1:2], retriever,
+    whole_pass = dataclasses.replace(config, teacher=dataclasses.replace(config.teacher, target_accepted=None))
+    words, _ = collect_until_accepted(whole_pass, questions[1:2], retriever,
                                       llm=FakeLLM(respond))
     assert TRUNCATION_MARK not in [s["text"] for s in words[0]["segments"] if s["text"].startswith("<information>")][0]
 
 
 def test_paper_warm_start_recipe():
-    with pytest.raises(ValueError, match="teacher_llm"):
+    with pytest.raises(ValueError, match="teacher.llm"):
         WarmStartConfig.from_yaml("configs/sft/seeds_r1_paper.yaml")
-    with pytest.raises(SystemExit, match="teacher_llm"):
+    with pytest.raises(SystemExit, match="teacher.llm"):
         sft.resolve_config(["--config", "configs/sft/seeds_r1_paper.yaml"])
-    config, _ = sft.resolve_config(["--config", "configs/sft/seeds_r1_paper.yaml", "--teacher_llm", "vllm:/m/teacher"])
-    assert (config.teacher, config.teacher_method, config.teacher_llm) == ("method", "seeds-react", "vllm:/m/teacher")
-    assert config.target_accepted == 1000 and config.dev_fraction == 0.1 and config.dev_eval
-    assert config.num_questions is None and config.dev_limit is None and not config.lora.enabled
+    config, _ = sft.resolve_config(["--config", "configs/sft/seeds_r1_paper.yaml", "--teacher.llm", "vllm:/m/teacher"])
+    teacher = config.teacher
+    assert (teacher.kind, teacher.method, teacher.llm) == ("method", "seeds-react", "vllm:/m/teacher")
+    assert teacher.target_accepted == 1000 and config.dev.fraction == 0.1 and config.dev.enabled
+    assert config.data.num_questions is None and config.dev.limit is None and not config.model.lora.enabled
     accepted = [{"id": f"q{i}", "accepted": True} for i in range(1000)]
-    train, dev = trajectories.split_train_dev(accepted, config.dev_fraction, config.seed)
+    train, dev = trajectories.split_train_dev(accepted, config.dev.fraction, config.run.seed)
     assert (len(train), len(dev)) == (900, 100)
-    assert WarmStartConfig(teacher="method", trajectories="t.jsonl").teacher_llm is None  # training from a file
+    assert TeacherSettings(kind="method", trajectories="t.jsonl").llm is None  # training from a file
     with pytest.raises(ValueError, match="target_accepted"):
-        WarmStartConfig(target_accepted=0)
+        TeacherSettings(target_accepted=0)
     with pytest.raises(ValueError, match="num_questions"):
-        WarmStartConfig(num_questions=None)
+        SFTDataSettings(num_questions=None)
     default = WarmStartConfig.from_yaml("configs/sft/default.yaml")
-    assert (default.teacher_expand, default.teacher_reader) == ("random", "first_title")
+    assert (default.teacher.expand, default.teacher.reader) == ("random", "first_title")
 
 
 def test_paper_ppo_recipe_requires_the_sft_checkpoint():
@@ -151,16 +162,18 @@ def test_paper_ppo_recipe_requires_the_sft_checkpoint():
 def test_flat_lora_keys_of_old_recipes_read_into_the_lora_section():
     with pytest.warns(DeprecationWarning, match="lora"):
         config = WarmStartConfig.from_dict({"lora": True, "lora_r": 8, "lora_top_layers": 2})
-    assert (config.lora.enabled, config.lora.r, config.lora.top_layers) == (True, 8, 2)
-    assert config.lora.target_modules == "all-linear"  # the warm start's own default stays
+    lora = config.model.lora
+    assert (lora.enabled, lora.r, lora.top_layers) == (True, 8, 2)
+    assert lora.target_modules == "all-linear"  # the warm start's own default stays
 
 
 def test_warm_start_recipes_load_through_the_one_loader(tmp_path):
     base = tmp_path / "base.yaml"
-    base.write_text("model: tiny\nepochs: 2\nlora: {enabled: true, r: 4}\n")
+    base.write_text("model: {name: tiny, lora: {enabled: true, r: 4}}\ntrain: {epochs: 2}\n")
     variant = tmp_path / "variant.yaml"
-    variant.write_text("base: base.yaml\nepochs: 1\n")
+    variant.write_text("base: base.yaml\ntrain: {epochs: 1}\n")
     config = WarmStartConfig.from_yaml(variant)
-    assert (config.model, config.epochs, config.lora.enabled, config.lora.r) == ("tiny", 1, True, 4)
+    lora = config.model.lora
+    assert (config.model.name, config.train.epochs, lora.enabled, lora.r) == ("tiny", 1, True, 4)
     with pytest.raises(ValueError, match="no_such_key"):
         WarmStartConfig.from_dict({"no_such_key": 1})

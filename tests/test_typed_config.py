@@ -61,7 +61,7 @@ def test_float_fields_take_exponents_without_a_dot(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("optim: {lr_actor: 5e-5}\n")
     assert load_config(PPOConfig, ["--config", str(recipe)]).optim.lr_actor == pytest.approx(5e-5)
-    assert load_config(WarmStartConfig, ["--learning_rate", "2e-3"]).learning_rate == pytest.approx(2e-3)
+    assert load_config(WarmStartConfig, ["--train.learning_rate", "2e-3"]).train.learning_rate == pytest.approx(2e-3)
     with pytest.raises(ConfigError, match="lr_actor expects a number"):
         load_config(PPOConfig, ["--lr_actor", "fast"])
     with pytest.raises(ConfigError, match="expects a number"):

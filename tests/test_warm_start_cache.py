@@ -16,9 +16,11 @@ from training.config import PPOConfig, load_config, to_dict, with_values
 from training.evaluation.policy_eval import OUTCOME_KEYS
 from training.ppo import train
 from training.ppo_loop import ppo_setup
+from training.sft_config import SFTModelSettings, SFTRunSettings, SFTTrainSettings
 from training.warm_start import warm_start_cache
 
-TINY_SFT = {"lora": {"r": 4, "alpha": 8}, "epochs": 1, "batch_size": 2, "learning_rate": 1e-3, "num_questions": 4}
+TINY_SFT = {"lora": {"r": 4, "alpha": 8}, "num_questions": 4,
+            "train": {"epochs": 1, "batch_size": 2, "learning_rate": 1e-3}}
 
 
 @pytest.fixture
@@ -26,7 +28,7 @@ def tiny(tmp_path, monkeypatch):
     """A tiny run with its own warm start and a greedy evaluation on the four questions; calls of
     the SFT training and of the evaluation are counted."""
     monkeypatch.setenv("SEEDS_RL_CACHE", str(tmp_path / "cache"))
-    recipe = write_tiny_run(tmp_path, sft_warm_start=True, sft=TINY_SFT, eval_questions=4, updates=1,
+    recipe = write_tiny_run(tmp_path, sft_warm_start=True, warm_start=TINY_SFT, eval_questions=4, updates=1,
                             lora={"enabled": True, "r": 4, "alpha": 8, "critic": False})
     calls = {"sft": 0, "evaluate": 0}
 
@@ -166,10 +168,17 @@ def test_warm_start_key_follows_the_base_models_files(tmp_path):
     base = tmp_path / "base"
     base.mkdir()
     (base / "model.safetensors").write_bytes(b"one")
-    config = sft.WarmStartConfig(model=str(base), output_dir=str(tmp_path / "a"))
+    config = sft.WarmStartConfig(model=SFTModelSettings(name=str(base)),
+                                 run=SFTRunSettings(output_dir=str(tmp_path / "a")))
     records = [{"id": "q", "segments": []}]
     first = warm_start_cache.warm_start_key(config, records, [])
-    assert warm_start_cache.warm_start_key(dataclasses.replace(config, output_dir="b"), records, []) == first
+    # where it writes and how it logs are not in the key; what it learns is
+    logs = SFTTrainSettings(progress=False, logging_steps=1, report_to="wandb")
+    for other in (dataclasses.replace(config, run=SFTRunSettings(output_dir="b")),
+                  dataclasses.replace(config, train=logs)):
+        assert warm_start_cache.warm_start_key(other, records, []) == first
+    assert warm_start_cache.warm_start_key(dataclasses.replace(config, train=SFTTrainSettings(epochs=1)), records,
+                                           []) != first
     assert warm_start_cache.warm_start_key(config, records + records, []) != first
     (base / "model.safetensors").write_bytes(b"two")  # the same path, other weights
     assert warm_start_cache.warm_start_key(config, records, []) != first

@@ -5,7 +5,8 @@
 :class:`PPOConfig` is the root: ``model``, ``data``, ``env_config`` + ``env`` (the real
 :class:`envs.config.EnvConfig`), ``rollout``, ``optim``, ``algorithm``, ``warm_start``,
 ``evaluation`` and ``run``, each a dataclass of :mod:`training.config_sections` (``warm_start``:
-:data:`training.sft_config.WarmStartSettings`). Recipes and overrides are read by the project's one
+:class:`training.sft_sections.WarmStartSettings`, which holds the SFT config's own ``teacher``, ``train``
+and ``dev`` sections). Recipes and overrides are read by the project's one
 loader, :mod:`envs.typed_config` (``load_config(PPOConfig, argv)``; its names are re-exported here),
 with one syntax, ``--section.field value``. The flat names of earlier recipes, run folders and
 command lines (``--updates 10``) are still read, through :data:`OLD_FLAT_KEYS`, with one
@@ -13,7 +14,6 @@ deprecation line.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,10 +49,10 @@ from training.config_sections import (  # noqa: F401  (re-exported)
     RolloutSettings,
     RunSettings,
     VLLMSettings,
-    WarmStartSettings,
     check_env_overrides,
     nest_flat_lora_keys,
 )
+from training.sft_sections import WarmStartSettings
 
 DEFAULT_ENV_RECIPE = "configs/env/seeds_r1.yaml"
 
@@ -103,32 +103,23 @@ class PPOConfig:
             raise ConfigError(
                 "this recipe requires model.sft_checkpoint (warm_start.require_checkpoint: true): the quick CPU warm "
                 "start (32 generated questions, random expansions) is no warm start for this model. Train the "
-                "paper's warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml --model "
-                "... --teacher_llm ...), then pass --model.sft_checkpoint <its output_dir>/model (also when resuming)")
+                "paper's warm start first (python -m training.sft --config configs/sft/seeds_r1_paper.yaml "
+                "--model.name ... --teacher.llm ...), then pass --model.sft_checkpoint <its run.output_dir>/model "
+                "(also when resuming)")
 
     @classmethod
     def upgrade_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
         """``values`` with the flat keys of earlier recipes, run folders and command lines moved into
-        their sections (:data:`OLD_FLAT_KEYS`; ``sft: {...}`` becomes ``warm_start: {...}``), with one
+        their sections (:data:`OLD_FLAT_KEYS`; ``sft: {...}`` becomes ``warm_start: {...}``, whose own flat keys
+        its section reads: :meth:`training.sft_sections.WarmStartSettings.upgrade_keys`), with one
         deprecation line naming them. ``model`` and ``data`` are old keys only when not a mapping."""
-        out, keys = move_old_keys(values, OLD_FLAT_KEYS, SECTIONS, old_sft_section)
+        out, keys = move_old_keys(values, OLD_FLAT_KEYS, SECTIONS)
         moved = [f"{key} -> {OLD_FLAT_KEYS[key]}" for key in keys]
         if moved:
             shown = ", ".join(moved[:6]) + (f" and {len(moved) - 6} more" if len(moved) > 6 else "")
             deprecated(f"old flat PPO config keys read as nested ones ({shown}); write section.field "
                        "(training.config.OLD_FLAT_KEYS; docs/training.md, \"Config\")")
         return out
-
-
-def old_sft_section(key: str, target: str, value: Any) -> tuple[str, Any]:
-    """An old ``sft: {...}`` as the warm_start section: the fields it types, the rest under ``other``
-    (any other old key moves as it is)."""
-    if key == "sft" and isinstance(value, dict):
-        value = nest_flat_lora_keys(dict(value))
-        typed = {f.name for f in dataclasses.fields(WarmStartSettings)}
-        other = {k: v for k, v in value.items() if k not in typed}
-        value = {k: v for k, v in value.items() if k in typed} | ({"other": other} if other else {})
-    return target, value
 
 
 SECTIONS = ("model", "data", "env", "rollout", "optim", "algorithm", "warm_start", "evaluation", "run")

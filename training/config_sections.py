@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.config import EnvConfig
-from envs.typed_config import DOCS_FROM, OVERRIDES, ConfigError
+from envs.typed_config import ConfigError
 
 ANSWER_CREDITS = ("episode", "answer")  # AlgorithmSettings.answer_credit (training/answer_credit.py)
 # one value per episode: a reward term can have its own
@@ -331,69 +331,6 @@ def check_env_overrides(env: dict[str, Any]) -> None:
         raise ConfigError(f"unknown env key(s) {['env.' + k for k in unknown]}; valid keys: {', '.join(sorted(known))}")
 
 
-# the WarmStartConfig fields a PPO run's warm start may set here, typed; any other WarmStartConfig field goes in
-# `other` (defaults: the quick CPU warm start's where it differs, else WarmStartConfig's own)
-@dataclass
-class WarmStartSettings:
-    """The PPO run's automatic SFT warm start (``training.sft.warm_start_config``): whether it runs, and
-    the :class:`training.sft_config.WarmStartConfig` fields it does not take from the run's own sections
-    (``model.name``, ``model.dtype``, ``model.lora``, ``model.cache_frozen_layers``, ``data.index``,
-    ``data.corpus``, ``data.retriever``, ``env``, ``run.seed``, ``run.output_dir``)."""
-    enabled: bool = True  # no model.sft_checkpoint: train a quick warm start first (training.sft.warm_start)
-    # reuse a warm start trained from the same inputs, and its greedy evaluation before PPO, from an
-    # earlier run (the seeds-rl cache; keys over config, data, code and versions: warm_start/warm_start_cache.py)
-    cache: bool = True
-    require_checkpoint: bool = False  # true: refuse to start without model.sft_checkpoint (no quick warm start)
-    num_questions: int | None = 32
-    teacher: str = "scripted"
-    teacher_expand: str = "random"
-    teacher_random_expand: int = 2
-    teacher_open_rate: float | None = None
-    teacher_think: bool = True
-    teacher_second_search: bool = True
-    teacher_reader: str = "first_title"
-    teacher_query: str = "question"
-    teacher_samples: int = 1
-    train_verdicts: bool = True
-    verdict_labels: str = "teacher"
-    merge_lora: bool = True
-    epochs: int = 2
-    learning_rate: float = 2e-4
-    batch_size: int = 4
-    group_by_length: bool = False
-    loss_agg: str = "token_mean"
-    warmup_ratio: float = 0.1
-    max_length: int = 2048
-    dev_eval: bool = False
-    eval_before: bool = False
-    dev_limit: int | None = 100  # dev questions evaluated at most (None: all of them)
-    eval_max_turn_tokens: int = 256  # dev evaluation: new tokens at most per model turn
-    lora: dict[str, Any] = field(  # overrides of the PPO run's model.lora for the warm start (--warm_start.lora.r 8)
-        default_factory=dict, metadata={OVERRIDES: LoraSettings})
-    other: dict[str, Any] = field(  # any other WarmStartConfig field (--warm_start.other.teacher_llm hf:...)
-        default_factory=dict, metadata={OVERRIDES: "training.sft_config:WarmStartConfig"})
-
-    def __post_init__(self) -> None:
-        unknown = sorted(set(self.lora) - {f.name for f in dataclasses.fields(LoraSettings)})
-        if unknown:
-            raise ConfigError(f"unknown warm_start.lora key(s) {unknown}")
-        derived = sorted(set(self.other) & {"model", "dtype", "seed", "output_dir", "index", "corpus", "retriever",
-                                            "env", "lora", "cache_frozen_layers"})
-        if derived:
-            raise ConfigError(f"warm_start.other {derived}: the warm start takes these from the run's own sections")
-
-    @classmethod
-    def upgrade_keys(cls, values: dict[str, Any]) -> dict[str, Any]:
-        """The flat LoRA keys of earlier recipes (``lora: true``, ``lora_r: 8``) into ``lora``."""
-        return nest_flat_lora_keys(dict(values))
-
-    def warm_start_fields(self) -> dict[str, Any]:
-        """The WarmStartConfig fields this section sets (its typed ones and ``other``)."""
-        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("enabled", "cache", "require_checkpoint", "lora", "other")}
-        return {**own, **self.other}
-
-
 FLAT_LORA_KEYS = {"lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout",
                   "lora_target_modules": "target_modules", "lora_top_layers": "top_layers"}
 
@@ -411,6 +348,3 @@ def nest_flat_lora_keys(values: dict) -> dict:
     section.update({FLAT_LORA_KEYS[key]: value for key, value in flat.items()})
     return {**values, "lora": section}
 
-
-# the typed warm-start fields are documented where they are defined, beside WarmStartConfig's
-setattr(WarmStartSettings, DOCS_FROM, ("training.sft_config:WarmStartConfig",))

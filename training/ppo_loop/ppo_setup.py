@@ -220,7 +220,7 @@ def evaluate(run: Run) -> tuple[dict, dict]:
 
 def evaluate_before(run: Run) -> tuple[dict, dict]:
     """The greedy evaluation before PPO, of the policy as built (the warm start; a resumed run calls
-    this before loading its checkpoint). With ``cache_warm_start``, where the actor was built from a
+    this before loading its checkpoint). With ``warm_start.cache``, where the actor was built from a
     checkpoint folder: the evaluation an earlier run (or this one before it was interrupted) made of the
     same weights under the same settings (:func:`training.warm_start.warm_start_cache.evaluation_key`; its
     stats name the entry as ``cached_from``), or this one, kept for later runs. The main process's answer

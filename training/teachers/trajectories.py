@@ -46,8 +46,8 @@ from inference.backends import load_backend
 from methods.runner import run_questions_sync
 from methods.seeds import SeedsR1
 from methods.thinking import split_thinking
+from training.sft_sections import VERDICT_LABELS
 
-VERDICT_LABELS = ("teacher", "both")  # WarmStartConfig.verdict_labels (alone_verdict_rows)
 PROTOCOL_METHODS = ("seeds-r1", "seeds-react")  # methods whose env actions are the SEEDS-R1 protocol
 ROLES = ("prompt", "model", "observation")
 _JUDGED_EXPAND = re.compile(r"(.*?</snapshot>)\n(<expand>[^\n]*?</expand>)(?:\n(.*))?", re.DOTALL)
@@ -171,7 +171,7 @@ def method_teacher(name: str, options: dict | None = None):
                          f"(search -> snapshot -> expand -> answer); use one of {PROTOCOL_METHODS}")
     method_options, limits = methods.base.split_env_limits(name, options or {})
     if limits:
-        raise ValueError(f"teacher_method_options {sorted(limits)} are env limits: the teacher runs in the SEEDS-R1 "
+        raise ValueError(f"teacher.method_options {sorted(limits)} are env limits: the teacher runs in the SEEDS-R1 "
                          "env being taught (set them in the env section)")
     return methods.base.get(name, **method_options)
 

@@ -23,13 +23,13 @@ log = logging.getLogger("training.sft")
 
 
 def load_retriever(config: WarmStartConfig) -> Any:
-    """The retrieval server ``config.retriever`` when set, else ``config.index`` over ``config.corpus``."""
-    return open_run_retriever(config.retriever, config.index, config.corpus)
+    """The retrieval server ``config.data.retriever`` when set, else ``config.data.index`` over its ``corpus``."""
+    return open_run_retriever(config.data.retriever, config.data.index, config.data.corpus)
 
 
 def load_teacher_llm(config: WarmStartConfig) -> Any:
-    assert config.teacher_llm is not None  # WarmStartConfig requires it where the method teacher collects
-    return load_backend(config.teacher_llm, **config.teacher_llm_options)
+    assert config.teacher.llm is not None  # WarmStartConfig requires it where the method teacher collects
+    return load_backend(config.teacher.llm, **config.teacher.llm_options)
 
 
 def collect(config: WarmStartConfig, examples: Sequence[QAExample], retriever: Any, tokenizer: Any = None,
@@ -40,30 +40,32 @@ def collect(config: WarmStartConfig, examples: Sequence[QAExample], retriever: A
     ``examples`` start in the whole question list (keeps the env seeds of a chunked collection
     equal to those of one pass).
     """
-    if config.teacher == "scripted":
+    teacher, seed = config.teacher, config.run.seed
+    if teacher.kind == "scripted":
         return collect_scripted(examples, retriever, config.env_config(), config.scripted_teacher(),
-                                num_envs=config.num_envs, seed=config.seed, tokenizer=tokenizer, offset=seed_offset,
-                                samples=config.teacher_samples)
+                                num_envs=teacher.num_envs, seed=seed, tokenizer=tokenizer, offset=seed_offset,
+                                samples=teacher.samples)
     llm = llm if llm is not None else load_teacher_llm(config)
-    return collect_with_method(examples, retriever, config.teacher_method, llm, config.env_config(),
-                               config.teacher_method_options, concurrency=config.teacher_concurrency,
-                               seed=config.seed, tokenizer=tokenizer)
+    return collect_with_method(examples, retriever, teacher.method, llm, config.env_config(),
+                               teacher.method_options, concurrency=teacher.concurrency,
+                               seed=seed, tokenizer=tokenizer)
 
 
 def collect_until_accepted(config: WarmStartConfig, examples: Sequence[QAExample], retriever: Any,
                            tokenizer: Any = None, llm: Any = None) -> tuple[list[dict], dict]:
-    """Collect question by question (in chunks of one env batch) until ``config.target_accepted``
+    """Collect question by question (in chunks of one env batch) until ``config.teacher.target_accepted``
     trajectories are accepted, or over all ``examples`` when it is None.
 
     Returns ``(records, progress)``: the records up to and including the target-th accepted one
     (any collected after it in the last chunk are dropped), and ``{"questions_available",
     "questions_used", "target_accepted", "target_reached", "dropped_after_target"}``.
     """
-    target = config.target_accepted
-    if config.teacher == "method" and llm is None:
+    teacher = config.teacher
+    target = teacher.target_accepted
+    if teacher.kind == "method" and llm is None:
         llm = load_teacher_llm(config)
-    chunk = len(examples) if target is None else max(1, config.num_envs if config.teacher == "scripted"
-                                                    else config.teacher_concurrency)
+    chunk = len(examples) if target is None else max(1, teacher.num_envs if teacher.kind == "scripted"
+                                                    else teacher.concurrency)
     records: list[dict] = []
     used, dropped = 0, 0
     while used < len(examples) and (target is None or _accepted_count(records) < target):
@@ -79,7 +81,7 @@ def collect_until_accepted(config: WarmStartConfig, examples: Sequence[QAExample
     if not reached:
         print(f"[sft] target_accepted={target} not reached: the teacher's trajectories of all {len(examples)} "
               f"questions gave only {_accepted_count(records)} accepted; training goes on with those (give more "
-              f"questions: data / num_questions)", flush=True)
+              f"questions: data.path / data.num_questions)", flush=True)
     progress = {"questions_available": len(examples), "questions_used": used, "target_accepted": target,
                 "target_reached": reached, "dropped_after_target": dropped}
     return records, progress

@@ -99,8 +99,8 @@ def _save_model(model: Any, tokenizer: Any, folder: Path) -> None:
 
 
 def _load_for_training(config: WarmStartConfig) -> tuple[Any, Any]:
-    tokenizer = load_tokenizer(config.model)
-    model = load_causal_lm(config.model, device=config.device, dtype=config.dtype)
+    tokenizer = load_tokenizer(config.model.name)
+    model = load_causal_lm(config.model.name, device=config.model.device, dtype=config.model.dtype)
     model.train()
     return model, tokenizer
 
@@ -109,44 +109,43 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
               model: Any = None, tokenizer: Any = None, retriever: Any = None, collection: dict | None = None) -> dict:
     """SFT on accepted ``train_records``; dev EM after each epoch on ``dev_records``' questions.
 
-    ``model``/``tokenizer``: an already loaded model (default: ``config.model``). ``retriever``
-    is needed for the dev evaluation (skipped without one, or with ``dev_eval=False`` or no
+    ``model``/``tokenizer``: an already loaded model (default: ``config.model.name``). ``retriever``
+    is needed for the dev evaluation (skipped without one, or with ``dev.enabled: false`` or no
     dev records; the final model is saved then). Returns ``{"model_dir", "best_epoch",
     "best_dev_em", "history", "train_loss"}``; ``model_dir`` is a Hugging Face folder.
     ``collection``: the collection's statistics (acceptance rate ...), kept in ``sft_summary.json``.
     """
-    out = Path(config.output_dir)
+    out, dev, seed = Path(config.run.output_dir), config.dev, config.run.seed
     out.mkdir(parents=True, exist_ok=True)
     if model is None or tokenizer is None:
         model, tokenizer = _load_for_training(config)
     ensure_pad_token(tokenizer)
-    rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.max_length,
+    rows = sft_rows([r for r in train_records if r.get("accepted", True)], tokenizer, config.train.max_length,
                     form=judge_form((config.env or {}).get("expand_form", "list"),
                                     (config.env or {}).get("judge_context", "stream")),
-                    train_verdicts=config.train_verdicts, verdict_labels=config.verdict_labels)
+                    train_verdicts=config.train.train_verdicts, verdict_labels=config.train.verdict_labels)
     if not rows:
         raise ValueError("no accepted training trajectories")
     callbacks = []
-    dev_examples = _dev_examples(dev_records, config.dev_limit)
-    best_dir = out / ("adapter" if config.lora.enabled else "model")
+    dev_examples = _dev_examples(dev_records, dev.limit)
+    best_dir = out / ("adapter" if config.model.lora.enabled else "model")
     callback = None
-    if config.dev_eval and dev_examples and retriever is not None:
+    if dev.enabled and dev_examples and retriever is not None:
         env_config = config.env_config()
 
         def evaluate(m: Any) -> dict:
-            return dev_em(m, tokenizer, dev_examples, retriever, env_config, num_envs=config.eval_batch_size,
-                          max_turn_tokens=config.eval_max_turn_tokens,
-                          max_context_tokens=config.eval_max_context_tokens, seed=config.seed)
+            return dev_em(m, tokenizer, dev_examples, retriever, env_config, num_envs=dev.batch_size,
+                          max_turn_tokens=dev.max_turn_tokens, max_context_tokens=dev.max_context_tokens, seed=seed)
 
-        callback = DevEMCallback(evaluate, best_dir, tokenizer, eval_before=config.eval_before)
+        callback = DevEMCallback(evaluate, best_dir, tokenizer, eval_before=dev.before)
         callbacks.append(callback)
     trainer = build_trainer(rows, config, model, tokenizer, callbacks)
     result = trainer.train()
     if callback is None or callback.best_em is None:
         _save_model(trainer.model, tokenizer, best_dir)
     model_dir = best_dir
-    if config.lora.enabled and config.merge_lora:
-        model_dir = merge_adapter(best_dir, out / "model", base=config.model, tokenizer=tokenizer,
+    if config.model.lora.enabled and config.model.merge_lora:
+        model_dir = merge_adapter(best_dir, out / "model", base=config.model.name, tokenizer=tokenizer,
                                   base_model=None)
     summary = {
         "model_dir": str(model_dir),
@@ -169,32 +168,32 @@ def train_sft(train_records: Sequence[dict], dev_records: Sequence[dict], config
 def build_trainer(rows: Sequence[dict], config: WarmStartConfig, model: Any, tokenizer: Any,
                   callbacks: Sequence[Any] = ()) -> Any:
     """TRL ``SFTTrainer`` over pre-tokenized rows (``input_ids`` + ``labels``; TRL keeps the labels
-    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.lora``, built
+    as given, so the loss is on model tokens only), full fine-tune or LoRA (``config.model.lora``, built
     as the PPO trainer builds its adapters: :func:`training.models.policy_models.lora_config`); the loss is
     :func:`model_token_nll` (lm_head on labelled positions only)."""
-    peft_config = None
-    if config.lora.enabled:
-        peft_config = lora_config(config.lora, "CAUSAL_LM", model.config.get_text_config().num_hidden_layers)
+    peft_config, train, seed = None, config.train, config.run.seed
+    if config.model.lora.enabled:
+        peft_config = lora_config(config.model.lora, "CAUSAL_LM", model.config.get_text_config().num_hidden_layers)
     parameter = next(model.parameters())
-    on_gpu = parameter.device.type == "cuda" or (torch.cuda.is_available() and config.device != "cpu")
+    on_gpu = parameter.device.type == "cuda" or (torch.cuda.is_available() and config.model.device != "cpu")
     bf16 = bool(on_gpu and parameter.dtype == torch.bfloat16)
     args = SFTConfig(
-        output_dir=str(Path(config.output_dir) / "trainer"), num_train_epochs=config.epochs,
-        learning_rate=config.learning_rate, per_device_train_batch_size=config.batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        warmup_steps=float(config.warmup_ratio) if config.warmup_ratio < 1 else int(config.warmup_ratio),
-        weight_decay=config.weight_decay, lr_scheduler_type="linear", logging_steps=config.logging_steps,
-        save_strategy="no", eval_strategy="no", report_to=config.report_to, max_length=None, bf16=bf16, fp16=False,
-        seed=config.seed, data_seed=config.seed,
-        train_sampling_strategy="group_by_length" if config.group_by_length else "random",
-        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not config.progress,
-        **_checkpointing(config.gradient_checkpointing),
+        output_dir=str(Path(config.run.output_dir) / "trainer"), num_train_epochs=train.epochs,
+        learning_rate=train.learning_rate, per_device_train_batch_size=train.batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        warmup_steps=float(train.warmup_ratio) if train.warmup_ratio < 1 else int(train.warmup_ratio),
+        weight_decay=train.weight_decay, lr_scheduler_type="linear", logging_steps=train.logging_steps,
+        save_strategy="no", eval_strategy="no", report_to=train.report_to, max_length=None, bf16=bf16, fp16=False,
+        seed=seed, data_seed=seed,
+        train_sampling_strategy="group_by_length" if train.group_by_length else "random",
+        use_cpu=not on_gpu, remove_unused_columns=False, disable_tqdm=not train.progress,
+        **_checkpointing(config.model.gradient_checkpointing),
     )
     trainer = ModelTokenLossSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(list(rows)),
                                        processing_class=tokenizer, peft_config=peft_config, callbacks=list(callbacks))
-    trainer.loss_agg = config.loss_agg
+    trainer.loss_agg = train.loss_agg
     assert trainer.model is not None  # the model passed in (peft-wrapped with a peft_config)
-    depth = frozen_depth(trainer.model) if config.cache_frozen_layers else 0
+    depth = frozen_depth(trainer.model) if config.model.cache_frozen_layers else 0
     if depth:
         trainer.prefix_cache = PrefixCache(depth)
     return trainer

