@@ -157,8 +157,8 @@ def move_old_keys(values: dict[str, Any], old_keys: dict[str, str], sections: tu
                   ) -> tuple[dict[str, Any], list[str]]:
     """``values`` with each old flat key of ``old_keys`` moved to its dotted target (``{"limit": 3}``,
     ``{"limit": "data.limit"}`` -> ``{"data": {"limit": 3}}``) and the keys moved, for one deprecation line. A key
-    named like a section is old only when its value is not a mapping; ``value_tree(key, target, value)`` builds a
-    key's nested dict where a plain move is not enough (pairs, renamed values)."""
+    named like a section is old only when its value is not a mapping; ``convert(key, target, value)`` gives the
+    (target, value) to set where a plain move is not enough (pairs, renamed values)."""
     out: dict[str, Any] = {}
     moved = []
     for key, value in values.items():
