@@ -97,6 +97,9 @@ class PPOConfig:
             raise ConfigError("compile_trained_layers compiles the layers PPO trains, for its passes; the HF rollout "
                               "would decode through them too (untested, recompiling per cache length): set "
                               "rollout_merge_lora: true (or rollout_engine: vllm)")
+        if algorithm.kl_verdict_level == "free" and not rollout.constrain_verdicts:
+            raise ConfigError("kl_verdict_level free shifts the two-way verdicts' reference: it needs "
+                              "constrain_verdicts: true")
         if algorithm.verdict_credit > 0 and not rollout.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.warm_start.require_checkpoint and not self.model.sft_checkpoint:

@@ -160,6 +160,7 @@ class OptimSettings:
 
 ALGORITHM_CHOICES = {
     "kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3", "exact"), "kl_tokens": ("all", "verdicts"),
+    "kl_verdict_level": ("anchored", "free"),
     "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline"),
     "policy_loss": POLICY_LOSSES, "tis": ("none", "token", "sequence"), "tis_mode": ("truncate", "mask"),
     "loss_agg": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"),
@@ -192,6 +193,11 @@ class AlgorithmSettings:
     # "verdicts": the KL term on the judgement form's constrained verdict tokens only (the reference pass
     # skips rows without one): anchors how often the policy says yes to the warm start's rate, leaves the text free
     kl_tokens: str = "all"
+    # the KL's reference on the two-way verdicts: "anchored", the warm start's own yes probability per verdict;
+    # "free", the warm start's open logits shifted by the batch's mean shift of the policy from them
+    # (training.algorithm.kl_estimators.level_free_reference), so the KL holds how verdicts differ from one
+    # another and the shared yes level is the reward's to set (with verdict_credit_centred false)
+    kl_verdict_level: str = "anchored"
     # "recompute": old log-probs from a trainer forward pass after the rollout (verl/OpenRLHF);
     # "sampler": the rollout's own log-probs (one forward pass fewer; exact when the sampler runs the
     # trainer's weights in the trainer's precision, as the HF engine does; the gap is still logged)
@@ -257,6 +263,10 @@ class AlgorithmSettings:
         if self.answer_credit == "answer" and self.advantage not in OUTCOME_ESTIMATORS:
             raise ConfigError(f"answer_credit 'answer' needs an outcome estimator {OUTCOME_ESTIMATORS}, "
                               f"not advantage {self.advantage!r}")
+        if self.kl_verdict_level == "free" and self.verdict_credit_centred:
+            raise ConfigError("kl_verdict_level free leaves the yes level to the verdicts' credit, and "
+                              "verdict_credit_centred takes the level out of it: nothing would hold the level. "
+                              "Set verdict_credit_centred: false")
         if self.verdict_credit_centred and self.verdict_credit == 0:
             raise ConfigError("verdict_credit_centred centres the verdict_credit term: it needs verdict_credit > 0")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from training.algorithm.ppo_core import LOG_RATIO_CLAMP
+from training.algorithm.ppo_core import LOG_RATIO_CLAMP, _reduce_sum
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -76,3 +76,36 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     if kind not in KL_ESTIMATORS:
         raise ValueError(f"unknown KL estimator {kind!r}; choose from {sorted(KL_ESTIMATORS)}")
     return KL_ESTIMATORS[kind](logp, ref_logp)
+
+
+def open_logits(choice_logp: torch.Tensor, opened: torch.Tensor) -> torch.Tensor:
+    """The open-vs-skip logit z = log π(open) − log π(skip) of each two-way verdict, from the log-prob
+    of the option taken (renormalised over the two): z = ±(logp − log(1 − p)), + where it opened.
+
+    choice_logp: (B, T), opened: (B, T) 1 where the chosen option opens -> (B, T) (meaningless off
+    the choices; mask it where it is used).
+    """
+    lp = choice_logp.clamp(-LOG_RATIO_CLAMP, -1e-7)
+    logit = lp - torch.log(-torch.expm1(lp))
+    return torch.where(opened.bool(), logit, -logit)
+
+
+@torch.no_grad()
+def level_free_reference(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened: torch.Tensor,
+                         choice_mask: torch.Tensor, accelerator=None) -> tuple[torch.Tensor, float]:
+    """The reference's verdict log-probs with its open logits shifted by the batch's mean shift of the
+    policy from it, δ = mean_i (z_old,i − z_ref,i) (all processes): a KL to this reference anchors how
+    the verdicts differ from one another, not the yes level they share, which the reward then sets.
+
+    old_logp, ref_logp: (B, T) log-probs of the option taken; opened: (B, T) 1 where it opens;
+    choice_mask: (B, T) 1 at verdicts -> ((B, T) reference log-probs, changed at the verdicts only; δ).
+    """
+    m = choice_mask.to(old_logp.dtype)
+    z_old, z_ref = open_logits(old_logp, opened), open_logits(ref_logp, opened)
+    count, total = _reduce_sum(torch.stack([m.sum().double(), ((z_old - z_ref) * m).sum().double()]),
+                               accelerator).unbind()
+    shift = float(total / count) if float(count) > 0 else 0.0
+    z_shifted = z_ref + shift
+    chosen = torch.where(opened.bool(), z_shifted, -z_shifted)  # the taken option's logit against the other
+    shifted_logp = -torch.nn.functional.softplus(-chosen)  # log σ(chosen)
+    return torch.where(m.bool(), shifted_logp, ref_logp), shift

@@ -15,8 +15,8 @@ from training.algorithm.advantages import AdvantageBatch, centred_reward_gaps, c
 from training.algorithm.answer_credit import with_answer_credit
 from training.algorithm.dapo import overlong_penalty
 from training.algorithm.kl_control import current_kl_coef
-from training.algorithm.kl_estimators import kl_penalty
-from training.algorithm.ppo_core import importance_weights, token_level_rewards
+from training.algorithm.kl_estimators import kl_penalty, level_free_reference, open_logits
+from training.algorithm.ppo_core import _reduce_sum, importance_weights, token_level_rewards
 from training.models.frozen_prefix import decoder_of, prefix_hidden
 from training.models.policy_models import sequence_values
 from training.ppo_loop.ppo_batch import episodes_to_batch, owners_advantages, pad_rows, put, select
@@ -98,6 +98,15 @@ def episode_rewards(reward: torch.Tensor, kl: torch.Tensor | None, mask: torch.T
     return token_level_rewards(terminal, mask[:E], kl[:E], kl_coef), reward - kl_coef * total
 
 
+def verdict_open_logit(old_logp: torch.Tensor, opened: torch.Tensor, choices: torch.Tensor, accelerator) -> float:
+    """The sampled verdicts' mean open logit log π(open) − log π(skip) under the old policy: the batch's
+    shared yes level (NaN without verdicts). old_logp, opened, choices: (B, T)."""
+    m = choices.to(old_logp.dtype)
+    count, total = _reduce_sum(torch.stack([m.sum().double(), (open_logits(old_logp, opened) * m).sum().double()]),
+                               accelerator).unbind()
+    return float(total / count) if float(count) > 0 else math.nan
+
+
 def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """The update's batch (:mod:`training.ppo_loop.ppo_batch`) with, per model token (B, T−1): old and
     reference log-probs and values (no gradients), token rewards, advantages and returns, and with
@@ -132,6 +141,11 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
                 put(values, rows, sequence_values(run.critic, mb["input_ids"], mb["attention_mask"]))
     set_train_mode(True, run.actor, run.critic)
     values = values * mask
+    verdicts_taken = batch["choice_mask"] * mask
+    opened = batch["input_ids"][:, 1:] == run.choice_ids[0] if run.choice_ids is not None else verdicts_taken
+    level_shift = math.nan
+    if with_reference and algo.kl_verdict_level == "free":  # the KL holds the verdicts' spread, not their level
+        ref_logp, level_shift = level_free_reference(old_logp, ref_logp, opened, verdicts_taken, accelerator)
     kl_scope = batch["choice_mask"] * mask if algo.kl_tokens == "verdicts" else mask  # where the KL term applies
     kl_old = kl_penalty(old_logp, ref_logp,
                         algo.kl_estimator) * kl_scope if with_reference else torch.zeros_like(mask)
@@ -149,10 +163,9 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     returns = pad_rows(returns, mask.shape[0])
     verdict_price = math.nan
     if algo.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
-        choices, gaps = batch["choice_mask"] * mask, batch["choice_reward_gap"]
+        choices, gaps = verdicts_taken, batch["choice_reward_gap"]
         if algo.verdict_credit_centred:  # the open token is the first choice (envs.protocol.judge_token_ids)
             assert run.choice_ids is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
-            opened = batch["input_ids"][:, 1:] == run.choice_ids[0]
             gaps, verdict_price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
         advantages = advantages + algo.verdict_credit * two_choice_advantages(old_logp, gaps, choices,
                                                                                        accelerator)
@@ -162,5 +175,6 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, algo.tis,
                                                            algo.tis_mode, algo.tis_cap, algo.tis_low)
     extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats,
-              "reused_states": reused_states, "verdict_price": verdict_price}
+              "reused_states": reused_states, "verdict_price": verdict_price, "verdict_level_shift": level_shift,
+              "verdict_open_logit": verdict_open_logit(old_logp, opened, verdicts_taken, accelerator)}
     return batch, extras

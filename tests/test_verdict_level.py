@@ -1,0 +1,107 @@
+"""The level-free verdict KL (PPOConfig.algorithm.kl_verdict_level: free): the reference's open logits
+shifted by the batch's mean shift of the policy from them, so the KL holds the verdicts' spread and
+not the yes level they share."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
+
+from training.algorithm.kl_estimators import kl_two_way_exact, level_free_reference, open_logits
+from training.config import ConfigError, PPOConfig, with_values
+
+
+def _chosen_logp(z: torch.Tensor, opened: torch.Tensor) -> torch.Tensor:
+    """log π(option taken) of two-way verdicts with open logits z. z, opened: (1, N) -> (1, N)."""
+    return torch.where(opened, torch.nn.functional.logsigmoid(z), torch.nn.functional.logsigmoid(-z))
+
+
+def test_open_logits_read_the_logit_back_from_either_option():
+    z = torch.tensor([[-2.0, -0.3, 0.0, 1.5, 3.0]])
+    for opened in (torch.ones_like(z, dtype=torch.bool), torch.zeros_like(z, dtype=torch.bool)):
+        assert torch.allclose(open_logits(_chosen_logp(z, opened), opened), z, atol=1e-5)
+
+
+def test_the_reference_moves_by_the_batch_mean_shift_and_keeps_its_spread():
+    z_ref = torch.tensor([[-1.0, 0.2, 0.8, 0.0, 5.0]])
+    z_old = z_ref + torch.tensor([[-0.5, -1.0, -1.5, 0.0, 9.0]])  # the last position is no verdict
+    opened = torch.tensor([[True, False, True, False, True]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0]])
+    ref = _chosen_logp(z_ref, opened)
+    shifted, shift = level_free_reference(_chosen_logp(z_old, opened), ref, opened, mask)
+    assert shift == pytest.approx(-1.0, abs=1e-5)  # mean of −0.5, −1.0, −1.5 over the three verdicts
+    z_new = open_logits(shifted, opened)
+    assert torch.allclose(z_new[0, :3], z_ref[0, :3] - 1.0, atol=1e-5)
+    assert torch.equal(shifted[0, 3:], ref[0, 3:])  # off the verdicts the reference is untouched
+    # a policy that only moved its shared level has no KL to the shifted reference, and some to the warm start
+    moved = _chosen_logp(z_ref - 1.0, opened)
+    assert float((kl_two_way_exact(moved, shifted) * mask).sum()) == pytest.approx(0.0, abs=1e-6)
+    assert float((kl_two_way_exact(moved, ref) * mask).sum()) > 0.05
+
+
+def test_a_batch_without_verdicts_keeps_its_reference():
+    logp = torch.log(torch.tensor([[0.3, 0.6]]))
+    shifted, shift = level_free_reference(logp, logp - 0.1, torch.ones_like(logp, dtype=torch.bool),
+                                          torch.zeros_like(logp))
+    assert shift == 0.0 and torch.equal(shifted, logp - 0.1)
+
+
+def test_a_free_level_needs_the_exact_credit_and_constrained_verdicts():
+    with pytest.raises(ConfigError, match="verdict_credit_centred"):
+        with_values(PPOConfig, {"algorithm.kl_verdict_level": "free", "algorithm.verdict_credit": 1.0,
+                                "algorithm.verdict_credit_centred": True})
+    with pytest.raises(ConfigError, match="constrain_verdicts"):
+        with_values(PPOConfig, {"algorithm.kl_verdict_level": "free", "rollout.constrain_verdicts": False})
+    with pytest.raises(ConfigError, match="kl_verdict_level"):
+        with_values(PPOConfig, {"algorithm.kl_verdict_level": "floating"})
+    assert with_values(PPOConfig, {"algorithm.kl_verdict_level": "free"}).algorithm.kl_verdict_level == "free"
+
+
+def test_the_trainer_anchors_the_verdicts_to_the_shifted_reference(script_lm, tokenizer, retriever, examples,  # noqa: F811
+                                                                   tmp_path):
+    """One judgement-form update from the same rollouts with the verdicts' reference anchored and free:
+    the free run logs the shift it applied and its KL holds no level, and the shared open logit it
+    logs is the sampled verdicts' (the same in both)."""
+    import copy
+    import math
+
+    from envs.protocol import judge_token_ids
+    from training.config import LoraSettings
+    from training.models.policy_models import wrap_models
+    from training.ppo import train
+
+    undecided = copy.deepcopy(script_lm)  # small random yes/no rows: both verdicts get drawn
+    with torch.no_grad():
+        rows = list(judge_token_ids(tokenizer))
+        undecided.lm_head.weight[rows] = 0.05 * torch.randn(len(rows), undecided.lm_head.weight.shape[1],
+                                                             generator=torch.Generator().manual_seed(0))
+
+    def update(level: str, out: str) -> dict:
+        cfg = with_values(PPOConfig,
+                          {"run.output_dir": str(tmp_path / out), "optim.updates": 2,
+                           "rollout.questions_per_update": 2, "rollout.samples_per_question": 4,
+                           "optim.micro_batch_size": 4, "rollout.max_turn_tokens": 8,
+                           "rollout.max_context_tokens": 1024, "algorithm.advantage": "grpo",
+                           "env": {"max_actions": 4, "max_searches": 1, "expand_form": "judge"},
+                           "evaluation.eval_questions": 0, "optim.lr_actor": 5e-2,
+                           "model.lora": LoraSettings(enabled=False), "run.export": False, "warm_start.enabled": False,
+                           "run.log_samples": 0, "rollout.temperature": 1.0, "algorithm.kl_coef": 1.0,
+                           "algorithm.kl_mode": "loss", "algorithm.kl_estimator": "exact",
+                           "algorithm.kl_tokens": "verdicts", "algorithm.verdict_credit": 2.0,
+                           "algorithm.kl_verdict_level": level, "run.seed": 3})
+        torch.manual_seed(0)
+        models = wrap_models(copy.deepcopy(undecided), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
+        return train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)["history"]
+
+    anchored, free = update("anchored", "a"), update("free", "f")
+    assert anchored[0]["reward_mean"] == free[0]["reward_mean"]  # the same first rollouts
+    assert anchored[0]["verdict_open_logit"] == pytest.approx(free[0]["verdict_open_logit"], abs=1e-6)
+    assert all(math.isnan(h["verdict_level_shift"]) for h in anchored)
+    assert free[0]["verdict_level_shift"] == pytest.approx(0.0, abs=1e-5)  # the first update's policy is the reference
+    assert math.isfinite(free[1]["verdict_level_shift"]) and free[1]["verdict_level_shift"] != 0.0
+    # the first update moved the shared level (lr 5e-2): the same second rollouts, all of their KL to the warm
+    # start is level, and none of it is left against the shifted reference
+    assert anchored[1]["reward_mean"] == free[1]["reward_mean"]
+    level_moved = free[1]["verdict_open_logit"] - free[0]["verdict_open_logit"]
+    assert free[1]["verdict_level_shift"] == pytest.approx(level_moved, abs=0.5)
+    assert anchored[1]["kl"] > 0.1 and abs(free[1]["kl"]) < 0.01
