@@ -28,7 +28,9 @@ without training it; its greedy policy opened every box (precision 0.2, chance) 
 
 Where an empty box costs 0.75, stopping raises the reward (−2 → 0): the run must still meet the box world's
 selection profile (recall kept, precision up), so a trainer that learns to stop opening fails it (checked by
-hand with the verdicts' price of opening overcharged: reward −2 → 0, recall 1 → 0; docs/training.md).
+hand with the verdicts' price of opening overcharged: reward −2 → 0, recall 1 → 0; docs/training.md). It holds
+with the verdicts' own credit centred and exact: exact, the reward's break-even (0.75 / 1.75 = 0.43, above the
+base rate 0.2) says "open less" to boxes the policy cannot yet tell apart, and the trainer still learnt the full box.
 """
 from __future__ import annotations
 
@@ -67,9 +69,11 @@ def alone_warm_start(setup):
     return warm_start(setup, ALONE_ENV, name="sft-alone")
 
 
-# the verdicts' credit: their episode's advantage only, or also their own candidate's term with the
-# price of opening taken out (verdict_credit_centred: it holds how many are opened, moves which)
-CREDITS = {"episode": {}, "centred": {"algorithm.verdict_credit": 2.0, "algorithm.verdict_credit_centred": True}}
+# the verdicts' credit: their episode's advantage only, or also their own candidate's term, exact (the
+# main job's: the reward's break-even sets how many are opened) or with the price of opening taken out
+# (verdict_credit_centred: it holds how many are opened, moves which)
+CREDITS = {"episode": {}, "exact": {"algorithm.verdict_credit": 2.0},
+           "centred": {"algorithm.verdict_credit": 2.0, "algorithm.verdict_credit_centred": True}}
 
 
 @pytest.mark.parametrize("credit", sorted(CREDITS))
@@ -102,15 +106,16 @@ BOX_TARGETS = SelectionTargets(min_recall=0.9, max_recall_drop=0.1, min_precisio
 STOP_PAYS_ENV = {**ALONE_ENV, "reward": {**ALONE_ENV["reward"], "negative_opened_penalty": 0.75}}
 
 
-def test_a_policy_that_stops_opening_fails_even_where_stopping_raises_the_reward(setup, alone_warm_start):
+@pytest.mark.parametrize("credit", ["exact", "centred"])
+def test_a_policy_that_stops_opening_fails_even_where_stopping_raises_the_reward(setup, alone_warm_start, credit):
     from training.ppo import train
 
-    out = setup["folder"] / "ppo-stop-pays"
+    out = setup["folder"] / f"ppo-stop-pays-{credit}"
     result = train(ppo_config(setup, alone_warm_start, {"env": dict(STOP_PAYS_ENV), "run.output_dir": str(out),
-                                                         **CREDITS["centred"]}),
+                                                         **CREDITS[credit]}),
                    retriever=setup["retriever"], examples=setup["train"], eval_examples=setup["held_out"])
     comparison = result["comparison"]
-    print("learning test (stopping pays):", comparison)
+    print(f"learning test (stopping pays, {credit} credit):", comparison)
     stopped = {**comparison, "recall": {**comparison["recall"], "after": 0.0},
                "docs": {**comparison["docs"], "after": 0.0}}
     assert selection_misses(stopped, BOX_TARGETS)  # the same comparison with nothing opened after PPO fails
