@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from training.algorithm.ppo_core import LOG_RATIO_CLAMP, _reduce_sum
+from training.algorithm.ppo_core import LOG_RATIO_CLAMP, global_masked_moments
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -102,9 +102,7 @@ def level_free_reference(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened:
     """
     m = choice_mask.to(old_logp.dtype)
     z_old, z_ref = open_logits(old_logp, opened), open_logits(ref_logp, opened)
-    count, total = _reduce_sum(torch.stack([m.sum().double(), ((z_old - z_ref) * m).sum().double()]),
-                               accelerator).unbind()
-    shift = float(total / count) if float(count) > 0 else 0.0
+    shift = float(global_masked_moments(z_old - z_ref, m, accelerator)[0])  # 0 where no process has a verdict
     z_shifted = z_ref + shift
     chosen = torch.where(opened.bool(), z_shifted, -z_shifted)  # the taken option's logit against the other
     shifted_logp = -torch.nn.functional.softplus(-chosen)  # log σ(chosen)

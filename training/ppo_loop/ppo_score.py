@@ -142,9 +142,13 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     set_train_mode(True, run.actor, run.critic)
     values = values * mask
     verdicts_taken = batch["choice_mask"] * mask
-    opened = batch["input_ids"][:, 1:] == run.choice_ids[0] if run.choice_ids is not None else verdicts_taken
-    level_shift = math.nan
+    # the open token is the first choice (envs.protocol.judge_token_ids); None: no two-way verdicts to read
+    opened = batch["input_ids"][:, 1:] == run.choice_ids[0] if run.choice_ids is not None else None
+    level_shift, open_logit = math.nan, math.nan
+    if opened is not None:
+        open_logit = verdict_open_logit(old_logp, opened, verdicts_taken, accelerator)
     if with_reference and algo.kl_verdict_level == "free":  # the KL holds the verdicts' spread, not their level
+        assert opened is not None  # kl_verdict_level free needs constrained verdicts (PPOConfig checks it)
         ref_logp, level_shift = level_free_reference(old_logp, ref_logp, opened, verdicts_taken, accelerator)
     kl_scope = batch["choice_mask"] * mask if algo.kl_tokens == "verdicts" else mask  # where the KL term applies
     kl_old = kl_penalty(old_logp, ref_logp,
@@ -164,8 +168,8 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     verdict_price = math.nan
     if algo.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
         choices, gaps = verdicts_taken, batch["choice_reward_gap"]
-        if algo.verdict_credit_centred:  # the open token is the first choice (envs.protocol.judge_token_ids)
-            assert run.choice_ids is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
+        if algo.verdict_credit_centred:
+            assert opened is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
             gaps, verdict_price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
         advantages = advantages + algo.verdict_credit * two_choice_advantages(old_logp, gaps, choices,
                                                                                        accelerator)
@@ -176,5 +180,5 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
                                                            algo.tis_mode, algo.tis_cap, algo.tis_low)
     extras = {"kl_old": kl_old, "kl_scope": kl_scope, "overlong": overlong[:E], "tis": tis_stats,
               "reused_states": reused_states, "verdict_price": verdict_price, "verdict_level_shift": level_shift,
-              "verdict_open_logit": verdict_open_logit(old_logp, opened, verdicts_taken, accelerator)}
+              "verdict_open_logit": open_logit}
     return batch, extras
