@@ -3,6 +3,8 @@ shifted by the batch's mean shift of the policy from them, so the KL holds the v
 not the yes level they share."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from test_rollout import script_lm, tokenizer  # noqa: F401 (fixtures)
@@ -96,7 +98,8 @@ def test_the_trainer_anchors_the_verdicts_to_the_shifted_reference(script_lm, to
     anchored, free = update("anchored", "a"), update("free", "f")
     assert anchored[0]["reward_mean"] == free[0]["reward_mean"]  # the same first rollouts
     assert anchored[0]["verdict_open_logit"] == pytest.approx(free[0]["verdict_open_logit"], abs=1e-6)
-    assert all(math.isnan(h["verdict_level_shift"]) for h in anchored)
+    for a, f in zip(anchored, free):  # the level's shift from the warm start is logged either way
+        assert a["verdict_level_shift"] == pytest.approx(f["verdict_level_shift"], abs=1e-6)
     assert free[0]["verdict_level_shift"] == pytest.approx(0.0, abs=1e-5)  # the first update's policy is the reference
     assert math.isfinite(free[1]["verdict_level_shift"]) and free[1]["verdict_level_shift"] != 0.0
     # the first update moved the shared level (lr 5e-2): the same second rollouts, all of their KL to the warm
@@ -105,3 +108,71 @@ def test_the_trainer_anchors_the_verdicts_to_the_shifted_reference(script_lm, to
     level_moved = free[1]["verdict_open_logit"] - free[0]["verdict_open_logit"]
     assert free[1]["verdict_level_shift"] == pytest.approx(level_moved, abs=0.5)
     assert anchored[1]["kl"] > 0.1 and abs(free[1]["kl"]) < 0.01
+
+
+def _held_level_run(gain: float, steps: int = 60) -> tuple[float, float]:
+    """Policy-gradient steps on verdicts whose open logit is z = bias + spread·y (y = +1 for the 17%
+    positives, −1 for negatives), from the warm start's z = 0.4 for all, with the centred verdict credit
+    (positives pay +0.30 opened, negatives −0.05) and an outside push toward skipping of 0.5 on every
+    verdict (what an episode's advantage can add) -> (the batch's mean open logit, spread) at the end."""
+    import types
+
+    from training.algorithm.kl_estimators import verdict_level_shift
+    from training.ppo_loop.ppo_score import verdict_advantages
+
+    generator = torch.Generator().manual_seed(0)
+    algo = types.SimpleNamespace(verdict_credit=2.0, verdict_credit_centred=True, verdict_level_gain=gain)
+    bias, spread = torch.tensor(0.4, requires_grad=True), torch.tensor(0.0, requires_grad=True)
+    optimizer = torch.optim.SGD([bias, spread], lr=0.5)
+    y = (torch.rand(1, 600, generator=generator) < 0.17).float() * 2 - 1
+    mask = torch.ones_like(y)
+    for _ in range(steps):
+        z = bias + spread * y
+        opened = torch.rand(z.shape, generator=generator) < torch.sigmoid(z.detach())
+        s = opened.float() * 2 - 1
+        logp = torch.nn.functional.logsigmoid(s * z)
+        ref_logp = torch.nn.functional.logsigmoid(s * torch.full_like(z, 0.4))
+        shift = verdict_level_shift(logp.detach(), ref_logp, opened, mask)
+        gap = s * torch.where(y > 0, 0.30, -0.05)  # r(taken) − r(other)
+        advantages, _ = verdict_advantages(algo, logp.detach(), gap, opened, mask, shift, None)
+        loss = -((advantages - 0.5 * s) * logp).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        return float((bias + spread * y).mean()), float(spread)
+
+
+def test_the_level_hold_keeps_the_shared_yes_level_while_the_verdicts_learn_to_rank():
+    drifted_level, drifted_spread = _held_level_run(0.0)
+    held_level, held_spread = _held_level_run(1.0)
+    assert drifted_level < -2.0  # the outside push took the shared level far below the warm start's 0.4
+    assert abs(held_level - 0.4) < 0.5  # the hold kept it near
+    assert drifted_spread > 1.0 and held_spread > 1.0  # and the ranking was learnt either way
+
+
+def test_the_level_hold_prices_opening_by_the_shift():
+    import types
+
+    from training.algorithm.advantages import priced_gaps, two_choice_advantages
+    from training.ppo_loop.ppo_score import verdict_advantages
+
+    logp = torch.log(torch.tensor([[0.7, 0.4, 0.6, 0.5]]))
+    opened = torch.tensor([[True, False, True, False]])
+    gap = torch.tensor([[0.30, 0.05, -0.05, -0.30]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert torch.allclose(priced_gaps(gap, opened, mask, 0.1), torch.tensor([[0.20, 0.15, -0.15, 0.0]]))
+    algo = types.SimpleNamespace(verdict_credit=2.0, verdict_credit_centred=False, verdict_level_gain=0.25)
+    held, price = verdict_advantages(algo, logp, gap, opened, mask, 0.8, None)
+    assert price == pytest.approx(0.2)  # 0.25 reward per logit × a level 0.8 above the warm start's
+    assert torch.allclose(held, 2.0 * two_choice_advantages(logp, priced_gaps(gap, opened, mask, 0.2), mask))
+    algo.verdict_level_gain = 0.0
+    plain, none = verdict_advantages(algo, logp, gap, opened, mask, 0.8, None)
+    assert math.isnan(none) and torch.allclose(plain, 2.0 * two_choice_advantages(logp, gap, mask))
+    with pytest.raises(ConfigError, match="verdict_level_gain"):
+        with_values(PPOConfig, {"algorithm.verdict_level_gain": 0.5, "algorithm.verdict_credit": 0.0})
+    with pytest.raises(ConfigError, match="verdict_level_gain"):
+        with_values(PPOConfig, {"algorithm.verdict_level_gain": 0.5, "algorithm.verdict_credit": 1.0,
+                                "algorithm.kl_coef": 0.0})
+    with pytest.raises(ConfigError, match="verdict_level_gain"):
+        with_values(PPOConfig, {"algorithm.verdict_level_gain": -0.1})

@@ -238,6 +238,11 @@ class AlgorithmSettings:
     # pushes on the open logits sum to zero: it moves which candidates are opened, not how many
     # (training.advantages.centred_reward_gaps); false: the exact gaps, whose mean push follows the base rate
     verdict_credit_centred: bool = False
+    # a proportional hold on the verdicts' shared yes level: opening is priced up by this many reward units per
+    # logit by which the batch's mean open logit sits above the warm start's (down where below), in every
+    # verdict's gap, so the credit moves which candidates are opened while the level stays where the warm
+    # start put it (training.ppo_loop.ppo_score.verdict_advantages; needs verdict_credit > 0 and kl_coef > 0)
+    verdict_level_gain: float = 0.0
     # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
     # advantage of the reward's answer term alone, so what the selection term paid does not steer the
     # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce, reinforce_pp_baseline)
@@ -267,6 +272,11 @@ class AlgorithmSettings:
             raise ConfigError("kl_verdict_level free leaves the yes level to the verdicts' credit, and "
                               "verdict_credit_centred takes the level out of it: nothing would hold the level. "
                               "Set verdict_credit_centred: false")
+        if self.verdict_level_gain < 0:
+            raise ConfigError("verdict_level_gain must be at least 0")
+        if self.verdict_level_gain > 0 and (self.verdict_credit == 0 or self.kl_coef == 0):
+            raise ConfigError("verdict_level_gain prices the verdict_credit term by the yes level's shift from the "
+                              "warm start (the reference pass): it needs verdict_credit > 0 and kl_coef > 0")
         if self.verdict_credit_centred and self.verdict_credit == 0:
             raise ConfigError("verdict_credit_centred centres the verdict_credit term: it needs verdict_credit > 0")
 

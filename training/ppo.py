@@ -289,9 +289,9 @@ def update_stats(run: Run, update: int, episodes: list, batch: dict, extras: dic
         **timings,
         "critic_only": float(not train_actor),
         "reused_states": extras["reused_states"],  # share of rows whose frozen-layer states came from the rollout
-        "verdict_price": extras["verdict_price"],  # verdict_credit_centred: the batch's price of opening b
+        "verdict_price": extras["verdict_price"],  # the batch's price of opening: centring b plus the level hold
         "verdict_open_logit": extras["verdict_open_logit"],  # the sampled verdicts' mean log π(open)/π(skip)
-        "verdict_level_shift": extras["verdict_level_shift"],  # kl_verdict_level free: the reference's shift δ
+        "verdict_level_shift": extras["verdict_level_shift"],  # δ: the yes level's shift from the warm start
         "verdict_auc": sampled_verdict_auc(episodes, run.models.tokenizer),  # ranking of the sampled verdicts
     })
     stats = reduce_mean(run.accelerator, stats)

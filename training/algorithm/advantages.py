@@ -339,4 +339,18 @@ def centred_reward_gaps(choice_logp: torch.Tensor, reward_gap: torch.Tensor, ope
     total_w, total_wg = _reduce_sum(torch.stack([w.sum().double(), (w * s * reward_gap).sum().double()]),
                                     accelerator).unbind()
     price = float(total_wg / total_w) if float(total_w) > 0 else 0.0
-    return (reward_gap - s * price) * m, price
+    return priced_gaps(reward_gap, opened, choice_mask, price), price
+
+
+def priced_gaps(reward_gap: torch.Tensor, opened: torch.Tensor, choice_mask: torch.Tensor,
+                price: float) -> torch.Tensor:
+    """The verdicts' reward gaps with opening made ``price`` dearer: r(open) − r(skip) falls by price for
+    every verdict, so the gap of the option taken becomes gap − s·price (s = +1 where it opened, −1
+    where it skipped).
+
+    reward_gap: (B, T) r(taken) − r(other), opened: (B, T) 1 where the taken option opens,
+    choice_mask: (B, T) 1 at choices -> (B, T), 0 off the choices.
+    """
+    m = choice_mask.to(reward_gap.dtype)
+    s = (2.0 * opened.to(reward_gap.dtype) - 1.0) * m
+    return (reward_gap - s * price) * m

@@ -91,6 +91,19 @@ def open_logits(choice_logp: torch.Tensor, opened: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
+def verdict_level_shift(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened: torch.Tensor,
+                        choice_mask: torch.Tensor, accelerator=None) -> float:
+    """How far the verdicts' shared yes level has moved from the reference: δ = mean_i (z_old,i − z_ref,i)
+    over the batch's verdicts (all processes), z the open logit (:func:`open_logits`); 0 without verdicts.
+
+    old_logp, ref_logp: (B, T) log-probs of the option taken; opened: (B, T) 1 where it opens;
+    choice_mask: (B, T) 1 at verdicts -> δ in logits.
+    """
+    z_old, z_ref = open_logits(old_logp, opened), open_logits(ref_logp, opened)
+    return float(global_masked_moments(z_old - z_ref, choice_mask.to(old_logp.dtype), accelerator)[0])
+
+
+@torch.no_grad()
 def level_free_reference(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened: torch.Tensor,
                          choice_mask: torch.Tensor, accelerator=None) -> tuple[torch.Tensor, float]:
     """The reference's verdict log-probs with its open logits shifted by the batch's mean shift of the
@@ -101,9 +114,8 @@ def level_free_reference(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened:
     choice_mask: (B, T) 1 at verdicts -> ((B, T) reference log-probs, changed at the verdicts only; δ).
     """
     m = choice_mask.to(old_logp.dtype)
-    z_old, z_ref = open_logits(old_logp, opened), open_logits(ref_logp, opened)
-    shift = float(global_masked_moments(z_old - z_ref, m, accelerator)[0])  # 0 where no process has a verdict
-    z_shifted = z_ref + shift
+    shift = verdict_level_shift(old_logp, ref_logp, opened, choice_mask, accelerator)
+    z_shifted = open_logits(ref_logp, opened) + shift
     chosen = torch.where(opened.bool(), z_shifted, -z_shifted)  # the taken option's logit against the other
     shifted_logp = -torch.nn.functional.softplus(-chosen)  # log σ(chosen)
     return torch.where(m.bool(), shifted_logp, ref_logp), shift

@@ -11,11 +11,17 @@ import math
 
 import torch
 
-from training.algorithm.advantages import AdvantageBatch, centred_reward_gaps, compute_advantages, two_choice_advantages
+from training.algorithm.advantages import (
+    AdvantageBatch,
+    centred_reward_gaps,
+    compute_advantages,
+    priced_gaps,
+    two_choice_advantages,
+)
 from training.algorithm.answer_credit import with_answer_credit
 from training.algorithm.dapo import overlong_penalty
 from training.algorithm.kl_control import current_kl_coef
-from training.algorithm.kl_estimators import kl_penalty, level_free_reference, open_logits
+from training.algorithm.kl_estimators import kl_penalty, level_free_reference, open_logits, verdict_level_shift
 from training.algorithm.ppo_core import _reduce_sum, importance_weights, token_level_rewards
 from training.models.frozen_prefix import decoder_of, prefix_hidden
 from training.models.policy_models import sequence_values
@@ -107,6 +113,25 @@ def verdict_open_logit(old_logp: torch.Tensor, opened: torch.Tensor, choices: to
     return float(total / count) if float(count) > 0 else math.nan
 
 
+def verdict_advantages(algo, old_logp: torch.Tensor, reward_gap: torch.Tensor, opened: torch.Tensor,
+                       choices: torch.Tensor, level_shift: float, accelerator) -> tuple[torch.Tensor, float]:
+    """Each verdict's own candidate term, verdict_credit × the exact two-way advantage of its reward gap,
+    after the batch's price of opening (verdict_credit_centred) and the level hold's price
+    (verdict_level_gain × δ, δ the shared yes level's shift from the warm start) are taken out.
+
+    old_logp, reward_gap, opened, choices: (B, T) -> ((B, T) advantages, 0 off the verdicts; the batch's
+    total price of opening, NaN where neither applies).
+    """
+    gaps, price = reward_gap, math.nan
+    if algo.verdict_credit_centred:
+        gaps, price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
+    if algo.verdict_level_gain > 0:  # a level above the warm start's makes opening dearer, below it cheaper
+        hold = algo.verdict_level_gain * level_shift
+        gaps = priced_gaps(gaps, opened, choices, hold)
+        price = hold + (0.0 if math.isnan(price) else price)
+    return algo.verdict_credit * two_choice_advantages(old_logp, gaps, choices, accelerator), price
+
+
 def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str, torch.Tensor], dict]:
     """The update's batch (:mod:`training.ppo_loop.ppo_batch`) with, per model token (B, T−1): old and
     reference log-probs and values (no gradients), token rewards, advantages and returns, and with
@@ -147,6 +172,8 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     level_shift, open_logit = math.nan, math.nan
     if opened is not None:
         open_logit = verdict_open_logit(old_logp, opened, verdicts_taken, accelerator)
+        if with_reference:  # how far the shared yes level sits from the warm start's (logged every update)
+            level_shift = verdict_level_shift(old_logp, ref_logp, opened, verdicts_taken, accelerator)
     if with_reference and algo.kl_verdict_level == "free":  # the KL holds the verdicts' spread, not their level
         assert opened is not None  # kl_verdict_level free needs constrained verdicts (PPOConfig checks it)
         ref_logp, level_shift = level_free_reference(old_logp, ref_logp, opened, verdicts_taken, accelerator)
@@ -167,12 +194,10 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     returns = pad_rows(returns, mask.shape[0])
     verdict_price = math.nan
     if algo.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
-        choices, gaps = verdicts_taken, batch["choice_reward_gap"]
-        if algo.verdict_credit_centred:
-            assert opened is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
-            gaps, verdict_price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
-        advantages = advantages + algo.verdict_credit * two_choice_advantages(old_logp, gaps, choices,
-                                                                                       accelerator)
+        assert opened is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
+        verdict_terms, verdict_price = verdict_advantages(algo, old_logp, batch["choice_reward_gap"], opened,
+                                                          verdicts_taken, level_shift, accelerator)
+        advantages = advantages + verdict_terms
     batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages, returns=returns)
     tis_stats: dict[str, torch.Tensor] = {}
     if algo.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
