@@ -110,14 +110,16 @@ def test_the_trainer_anchors_the_verdicts_to_the_shifted_reference(script_lm, to
     assert anchored[1]["kl"] > 0.1 and abs(free[1]["kl"]) < 0.01
 
 
-def _held_level_run(gain: float, steps: int = 60) -> tuple[float, float]:
+
+def _held_level_run(gain: float, steps: int = 60, coef: float = 0.0) -> tuple[float, float]:
     """Policy-gradient steps on verdicts whose open logit is z = bias + spread·y (y = +1 for the 17%
     positives, −1 for negatives), from the warm start's z = 0.4 for all, with the centred verdict credit
     (positives pay +0.30 opened, negatives −0.05) and an outside push toward skipping of 0.5 on every
-    verdict (what an episode's advantage can add) -> (the batch's mean open logit, spread) at the end."""
+    verdict (what an episode's advantage can add); the level held through the advantages (``gain``) or
+    the loss (``coef``) -> (the batch's mean open logit, spread) at the end."""
     import types
 
-    from training.algorithm.kl_estimators import verdict_level_shift
+    from training.algorithm.kl_estimators import level_hold_terms, verdict_level_shift
     from training.ppo_loop.ppo_score import verdict_advantages
 
     generator = torch.Generator().manual_seed(0)
@@ -135,7 +137,7 @@ def _held_level_run(gain: float, steps: int = 60) -> tuple[float, float]:
         shift = verdict_level_shift(logp.detach(), ref_logp, opened, mask)
         gap = s * torch.where(y > 0, 0.30, -0.05)  # r(taken) − r(other)
         advantages, _ = verdict_advantages(algo, logp.detach(), gap, opened, mask, shift, None)
-        loss = -((advantages - 0.5 * s) * logp).mean()
+        loss = -((advantages - 0.5 * s) * logp).mean() + coef * level_hold_terms(logp, ref_logp, opened, mask).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -149,6 +151,29 @@ def test_the_level_hold_keeps_the_shared_yes_level_while_the_verdicts_learn_to_r
     assert drifted_level < -2.0  # the outside push took the shared level far below the warm start's 0.4
     assert abs(held_level - 0.4) < 0.5  # the hold kept it near
     assert drifted_spread > 1.0 and held_spread > 1.0  # and the ranking was learnt either way
+    loss_held_level, loss_held_spread = _held_level_run(0.0, coef=2.0)  # the same hold as a loss term
+    assert abs(loss_held_level - 0.4) < 0.5 and loss_held_spread > 1.0
+
+
+def test_the_level_hold_terms_have_the_gradient_of_the_squared_mean_shift():
+    from training.algorithm.kl_estimators import level_hold_terms
+
+    z_ref = torch.tensor([[0.4, -0.2, 1.0, 0.3, 7.0]])
+    z = (z_ref + torch.tensor([[0.5, -0.1, 0.9, 0.2, 3.0]])).requires_grad_(True)  # the last: no verdict
+    opened = torch.tensor([[True, False, False, True, True]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    terms = level_hold_terms(_chosen_logp(z, opened), _chosen_logp(z_ref, opened), opened, mask)
+    (grad,) = torch.autograd.grad(terms.sum(), z)
+    d = 0.375  # the mean shift over the four verdicts
+    assert torch.allclose(grad, torch.tensor([[d, d, d, d, 0.0]]), atol=1e-4)  # ∂(½·4·d²)/∂z_i = d
+    assert terms[0, 4] == 0.0
+    spread_only = z_ref + torch.tensor([[0.5, -0.5, 0.2, -0.2, 0.0]])  # moved, but not the mean
+    flat = level_hold_terms(_chosen_logp(spread_only, opened), _chosen_logp(z_ref, opened), opened, mask)
+    assert float(flat.abs().sum()) == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ConfigError, match="verdict_level_coef"):
+        with_values(PPOConfig, {"algorithm.verdict_level_coef": 1.0, "algorithm.kl_coef": 0.0})
+    with pytest.raises(ConfigError, match="verdict_level_coef"):
+        with_values(PPOConfig, {"algorithm.verdict_level_coef": 1.0, "rollout.constrain_verdicts": False})
 
 
 def test_the_level_hold_prices_opening_by_the_shift():
@@ -176,3 +201,34 @@ def test_the_level_hold_prices_opening_by_the_shift():
                                 "algorithm.kl_coef": 0.0})
     with pytest.raises(ConfigError, match="verdict_level_gain"):
         with_values(PPOConfig, {"algorithm.verdict_level_gain": -0.1})
+
+
+def test_the_objective_adds_the_level_hold_at_the_verdicts():
+    """actor_objective with verdict_level_coef c: the loss gains c·Σ level_hold_terms / tokens (token_mean),
+    and its gradient pulls every verdict's open logit the same way."""
+    from training.algorithm.kl_estimators import level_hold_terms
+    from training.ppo import actor_objective
+
+    opened = torch.tensor([[0.0, 1.0, 0.0, 1.0, 0.0]])
+    choice = torch.tensor([[0.0, 1.0, 1.0, 1.0, 0.0]])
+    ref = _chosen_logp(torch.tensor([[0.0, 0.2, 0.2, 0.2, 0.0]]), opened.bool())
+    logp = _chosen_logp(torch.tensor([[0.0, 1.2, 0.8, 1.0, 0.0]]), opened.bool())  # the level up by 0.8
+    mb = {"model_mask": torch.ones(1, 5), "old_logp": logp.clone(), "advantages": torch.zeros(1, 5),
+          "ref_logp": ref, "choice_mask": choice, "verdict_opened": opened}
+
+    def objective(coef: float) -> tuple[float, torch.Tensor]:
+        algo = with_values(PPOConfig, {"algorithm.verdict_level_coef": coef, "algorithm.kl_coef": 1e-9,
+                                       "algorithm.kl_mode": "loss", "algorithm.kl_estimator": "k3",
+                                       "algorithm.kl_tokens": "verdicts", "algorithm.loss_agg": "token_mean"}).algorithm
+        x = logp.clone().requires_grad_(True)
+        loss = actor_objective(algo, x, torch.zeros(1, 5), mb, torch.tensor(5.0), torch.tensor(1.0),
+                               max_context_tokens=8)[0]
+        return float(loss), torch.autograd.grad(loss, x)[0]
+
+    (plain, plain_grad), (held, held_grad) = objective(0.0), objective(3.0)
+    terms = level_hold_terms(logp, ref, opened, choice)
+    assert held - plain == pytest.approx(3.0 * float(terms.sum()) / 5.0, rel=1e-4)
+    pull = held_grad - plain_grad  # d loss / d log π(taken): opened verdicts down, skipped ones up (less yes)
+    assert float(pull[0, 1]) > 0 and float(pull[0, 3]) > 0 and float(pull[0, 2]) < 0
+    assert float(pull[0, 0]) == 0.0 and float(pull[0, 4]) == 0.0
+

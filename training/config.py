@@ -100,6 +100,9 @@ class PPOConfig:
         if algorithm.kl_verdict_level == "free" and not rollout.constrain_verdicts:
             raise ConfigError("kl_verdict_level free shifts the two-way verdicts' reference: it needs "
                               "constrain_verdicts: true")
+        if algorithm.verdict_level_coef > 0 and not rollout.constrain_verdicts:
+            raise ConfigError("verdict_level_coef reads the two-way verdicts' open logits: it needs "
+                              "constrain_verdicts: true")
         if algorithm.verdict_credit > 0 and not rollout.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.warm_start.require_checkpoint and not self.model.sft_checkpoint:

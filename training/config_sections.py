@@ -243,6 +243,11 @@ class AlgorithmSettings:
     # verdict's gap, so the credit moves which candidates are opened while the level stays where the warm
     # start put it (training.ppo_loop.ppo_score.verdict_advantages; needs verdict_credit > 0 and kl_coef > 0)
     verdict_level_gain: float = 0.0
+    # the same hold as a term of the loss, not of the advantages: c·½·n·d² per micro-batch of n verdicts, d their
+    # mean open-logit shift from the warm start (current, not the old policy's), so every verdict's open logit is
+    # pulled by the same c·d without the sampling noise of an advantage (training.algorithm.kl_estimators.
+    # level_hold_terms; needs kl_coef > 0 for the reference pass and constrained verdicts)
+    verdict_level_coef: float = 0.0
     # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
     # advantage of the reward's answer term alone, so what the selection term paid does not steer the
     # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce, reinforce_pp_baseline)
@@ -277,6 +282,11 @@ class AlgorithmSettings:
         if self.verdict_level_gain > 0 and (self.verdict_credit == 0 or self.kl_coef == 0):
             raise ConfigError("verdict_level_gain prices the verdict_credit term by the yes level's shift from the "
                               "warm start (the reference pass): it needs verdict_credit > 0 and kl_coef > 0")
+        if self.verdict_level_coef < 0:
+            raise ConfigError("verdict_level_coef must be at least 0")
+        if self.verdict_level_coef > 0 and self.kl_coef == 0:
+            raise ConfigError("verdict_level_coef holds the verdicts' yes level at the reference's: it needs the "
+                              "reference pass (kl_coef > 0)")
         if self.verdict_credit_centred and self.verdict_credit == 0:
             raise ConfigError("verdict_credit_centred centres the verdict_credit term: it needs verdict_credit > 0")
 

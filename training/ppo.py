@@ -58,7 +58,7 @@ from tqdm import tqdm
 from envs.vector_env import SearchVectorEnv
 from training.algorithm.dapo import EXTRA_STREAM_SEED, dynamic_sample, has_verdict_signal, shaped_reward
 from training.algorithm.kl_control import current_kl_coef
-from training.algorithm.kl_estimators import kl_penalty
+from training.algorithm.kl_estimators import kl_penalty, level_hold_terms
 from training.algorithm.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
 from training.algorithm.policy_losses import gspo_loss_terms
 from training.algorithm.ppo_core import (
@@ -111,7 +111,9 @@ def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: t
     Per model token: the clipped surrogate of ``algorithm.policy_loss`` (PPO's per-token ratio, or GSPO's
     sequence ratio) times the importance weight with ``tis``, − entropy_coef·H_t (+ β·KL_t with
     ``kl_mode: loss``, at verdict tokens only with ``kl_tokens: verdicts``; β = ``kl_coef``, the KL
-    controller's current value, default ``algorithm.kl_coef``); ``seq_mean_token_sum_norm`` divides by
+    controller's current value, default ``algorithm.kl_coef``; + c·d·(z_t − z_ref,t) at verdict tokens with
+    ``verdict_level_coef`` c, :func:`training.algorithm.kl_estimators.level_hold_terms`);
+    ``seq_mean_token_sum_norm`` divides by
     ``loss_agg_norm_tokens``, else by ``max_context_tokens`` (the rollout section's). logp, entropy: (B, T).
     """
     mask = mb["model_mask"]
@@ -128,6 +130,9 @@ def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: t
         kl = kl_penalty(logp, mb["ref_logp"], algorithm.kl_estimator)
         beta = algorithm.kl_coef if kl_coef is None else kl_coef
         per_token = per_token + beta * (kl * mb["choice_mask"] if algorithm.kl_tokens == "verdicts" else kl)
+    if algorithm.verdict_level_coef > 0:  # the verdicts' shared yes level held at the warm start's
+        per_token = per_token + algorithm.verdict_level_coef * level_hold_terms(
+            logp, mb["ref_logp"], mb["verdict_opened"], mb["choice_mask"])
     norm = float(algorithm.loss_agg_norm_tokens or max_context_tokens)
     loss = aggregate_loss(per_token, mask, algorithm.loss_agg, n_tokens, n_sequences, norm)
     return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats

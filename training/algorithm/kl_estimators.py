@@ -119,3 +119,23 @@ def level_free_reference(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened:
     chosen = torch.where(opened.bool(), z_shifted, -z_shifted)  # the taken option's logit against the other
     shifted_logp = -torch.nn.functional.softplus(-chosen)  # log σ(chosen)
     return torch.where(m.bool(), shifted_logp, ref_logp), shift
+
+
+def level_hold_terms(logp: torch.Tensor, ref_logp: torch.Tensor, opened: torch.Tensor,
+                     choice_mask: torch.Tensor) -> torch.Tensor:
+    """Per-verdict terms whose sum has the gradient of ½·n·d², d = mean_i (z_i − z_ref,i) the verdicts'
+    shared shift of open logit from the reference over the n verdicts given (a micro-batch's), z from
+    :func:`open_logits`: d·(z_i − z_ref,i) with d held constant. Summed, they pull every verdict's open
+    logit by the same d, so the shared yes level returns to the reference's and the spread is left alone.
+
+    logp: (B, T) current log-probs of the option taken (with gradient), ref_logp: (B, T), opened:
+    (B, T) 1 where the taken option opens, choice_mask: (B, T) 1 at verdicts -> (B, T), 0 off them.
+    """
+    at = choice_mask.bool()
+    safe = torch.full_like(logp, -0.5)  # off the verdicts a fixed value: their log-probs (padding too) stay out
+    z = open_logits(torch.where(at, logp, safe), opened)
+    z_ref = open_logits(torch.where(at, ref_logp, safe), opened)
+    gap = torch.where(at, z - z_ref, torch.zeros_like(z))
+    d = (gap.sum() / at.sum().clamp(min=1)).detach()
+    return d * gap
+

@@ -199,6 +199,8 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
                                                           verdicts_taken, level_shift, accelerator)
         advantages = advantages + verdict_terms
     batch.update(old_logp=old_logp, ref_logp=ref_logp, old_values=values, advantages=advantages, returns=returns)
+    if opened is not None:  # the objective's level hold reads which verdicts opened
+        batch["verdict_opened"] = opened.to(mask.dtype)
     tis_stats: dict[str, torch.Tensor] = {}
     if algo.tis != "none":  # the sampler's tokens reweighted toward the trainer's old policy
         batch["is_weight"], tis_stats = importance_weights(old_logp, batch["sampler_logp"], mask, algo.tis,
