@@ -57,6 +57,10 @@ def test_a_free_level_needs_the_exact_credit_and_constrained_verdicts():
     with pytest.raises(ConfigError, match="kl_verdict_level"):
         with_values(PPOConfig, {"algorithm.kl_verdict_level": "floating"})
     assert with_values(PPOConfig, {"algorithm.kl_verdict_level": "free"}).algorithm.kl_verdict_level == "free"
+    held = with_values(PPOConfig, {"algorithm.kl_verdict_level": "free", "algorithm.verdict_credit": 1.0,
+                                   "algorithm.verdict_credit_centred": True, "algorithm.kl_coef": 1.0,
+                                   "algorithm.verdict_level_coef": 2.0, "algorithm.verdict_level_target": 0.0})
+    assert held.algorithm.verdict_level_target == 0.0  # the level held by its own term: free and centred agree
 
 
 def test_the_trainer_anchors_the_verdicts_to_the_shifted_reference(script_lm, tokenizer, retriever, examples,  # noqa: F811
@@ -167,6 +171,10 @@ def test_the_level_hold_terms_have_the_gradient_of_the_squared_mean_shift():
     d = 0.375  # the mean shift over the four verdicts
     assert torch.allclose(grad, torch.tensor([[d, d, d, d, 0.0]]), atol=1e-4)  # ∂(½·4·d²)/∂z_i = d
     assert terms[0, 4] == 0.0
+    to_cut = level_hold_terms(_chosen_logp(z, opened), _chosen_logp(z_ref, opened), opened, mask, target=0.0)
+    (cut_grad,) = torch.autograd.grad(to_cut.sum(), z)
+    level = float((z_ref[0, :4] + torch.tensor([0.5, -0.1, 0.9, 0.2])).mean())  # 0.75: held at 0, d = 0.75
+    assert torch.allclose(cut_grad, torch.tensor([[level] * 4 + [0.0]]), atol=1e-4)
     spread_only = z_ref + torch.tensor([[0.5, -0.5, 0.2, -0.2, 0.0]])  # moved, but not the mean
     flat = level_hold_terms(_chosen_logp(spread_only, opened), _chosen_logp(z_ref, opened), opened, mask)
     assert float(flat.abs().sum()) == pytest.approx(0.0, abs=1e-5)

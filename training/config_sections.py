@@ -248,6 +248,10 @@ class AlgorithmSettings:
     # pulled by the same c·d without the sampling noise of an advantage (training.algorithm.kl_estimators.
     # level_hold_terms; needs kl_coef > 0 for the reference pass and constrained verdicts)
     verdict_level_coef: float = 0.0
+    # where verdict_level_coef holds the shared level: null, the warm start's (the verdicts' mean open logit
+    # under the reference); a number, that mean open logit (0.0: the greedy cut, π(open) = ½, which then falls
+    # between the positives' and the negatives' mean logits whatever their spread)
+    verdict_level_target: float | None = None
     # the answer turn's tokens: "episode" takes the episode's advantage (the whole reward's), "answer" the
     # advantage of the reward's answer term alone, so what the selection term paid does not steer the
     # answer (training/answer_credit.py; outcome estimators only: grpo, rloo, reinforce, reinforce_pp_baseline)
@@ -273,10 +277,10 @@ class AlgorithmSettings:
         if self.answer_credit == "answer" and self.advantage not in OUTCOME_ESTIMATORS:
             raise ConfigError(f"answer_credit 'answer' needs an outcome estimator {OUTCOME_ESTIMATORS}, "
                               f"not advantage {self.advantage!r}")
-        if self.kl_verdict_level == "free" and self.verdict_credit_centred:
+        if self.kl_verdict_level == "free" and self.verdict_credit_centred and self.verdict_level_coef == 0:
             raise ConfigError("kl_verdict_level free leaves the yes level to the verdicts' credit, and "
                               "verdict_credit_centred takes the level out of it: nothing would hold the level. "
-                              "Set verdict_credit_centred: false")
+                              "Set verdict_credit_centred: false, or hold the level (verdict_level_coef > 0)")
         if self.verdict_level_gain < 0:
             raise ConfigError("verdict_level_gain must be at least 0")
         if self.verdict_level_gain > 0 and (self.verdict_credit == 0 or self.kl_coef == 0):

@@ -132,7 +132,7 @@ def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: t
         per_token = per_token + beta * (kl * mb["choice_mask"] if algorithm.kl_tokens == "verdicts" else kl)
     if algorithm.verdict_level_coef > 0:  # the verdicts' shared yes level held at the warm start's
         per_token = per_token + algorithm.verdict_level_coef * level_hold_terms(
-            logp, mb["ref_logp"], mb["verdict_opened"], mb["choice_mask"])
+            logp, mb["ref_logp"], mb["verdict_opened"], mb["choice_mask"], algorithm.verdict_level_target)
     norm = float(algorithm.loss_agg_norm_tokens or max_context_tokens)
     loss = aggregate_loss(per_token, mask, algorithm.loss_agg, n_tokens, n_sequences, norm)
     return loss, float(masked_sum(surrogate, mask).detach()), float(masked_sum(entropy, mask).detach()), stats

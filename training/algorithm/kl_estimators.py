@@ -122,11 +122,13 @@ def level_free_reference(old_logp: torch.Tensor, ref_logp: torch.Tensor, opened:
 
 
 def level_hold_terms(logp: torch.Tensor, ref_logp: torch.Tensor, opened: torch.Tensor,
-                     choice_mask: torch.Tensor) -> torch.Tensor:
-    """Per-verdict terms whose sum has the gradient of ½·n·d², d = mean_i (z_i − z_ref,i) the verdicts'
-    shared shift of open logit from the reference over the n verdicts given (a micro-batch's), z from
-    :func:`open_logits`: d·(z_i − z_ref,i) with d held constant. Summed, they pull every verdict's open
-    logit by the same d, so the shared yes level returns to the reference's and the spread is left alone.
+                     choice_mask: torch.Tensor, target: float | None = None) -> torch.Tensor:
+    """Per-verdict terms whose sum has the gradient of ½·n·d² over the n verdicts given (a micro-batch's),
+    z from :func:`open_logits`: d = mean_i (z_i − z_ref,i), the verdicts' shared shift of open logit from
+    the reference, or with ``target`` d = mean_i z_i − target, the shared level's distance from a fixed
+    open logit (0: the greedy cut at π(open) = ½). Each term is d·(z_i − z_ref,i) with d held constant
+    (z_ref is a constant, so the gradient is d·∇z_i): summed, they pull every verdict's open logit by the
+    same d, so the shared level returns to the reference's (or the target) and the spread is left alone.
 
     logp: (B, T) current log-probs of the option taken (with gradient), ref_logp: (B, T), opened:
     (B, T) 1 where the taken option opens, choice_mask: (B, T) 1 at verdicts -> (B, T), 0 off them.
@@ -136,6 +138,10 @@ def level_hold_terms(logp: torch.Tensor, ref_logp: torch.Tensor, opened: torch.T
     z = open_logits(torch.where(at, logp, safe), opened)
     z_ref = open_logits(torch.where(at, ref_logp, safe), opened)
     gap = torch.where(at, z - z_ref, torch.zeros_like(z))
-    d = (gap.sum() / at.sum().clamp(min=1)).detach()
+    n = at.sum().clamp(min=1)
+    if target is None:
+        d = (gap.sum() / n).detach()
+    else:
+        d = (torch.where(at, z, torch.zeros_like(z)).sum() / n - target).detach()
     return d * gap
 
