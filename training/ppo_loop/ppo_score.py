@@ -113,7 +113,7 @@ def verdict_open_logit(old_logp: torch.Tensor, opened: torch.Tensor, choices: to
     return float(total / count) if float(count) > 0 else math.nan
 
 
-def verdict_advantages(algo, old_logp: torch.Tensor, reward_gap: torch.Tensor, opened: torch.Tensor,
+def verdict_advantages(algo, old_logp: torch.Tensor, reward_gap: torch.Tensor, opened: torch.Tensor | None,
                        choices: torch.Tensor, level_shift: float, accelerator) -> tuple[torch.Tensor, float]:
     """Each verdict's own candidate term, verdict_credit × the exact two-way advantage of its reward gap,
     after the batch's price of opening (verdict_credit_centred) and the level hold's price
@@ -124,8 +124,10 @@ def verdict_advantages(algo, old_logp: torch.Tensor, reward_gap: torch.Tensor, o
     """
     gaps, price = reward_gap, math.nan
     if algo.verdict_credit_centred:
+        assert opened is not None  # the open logits need the two-way verdicts (PPOConfig checks it)
         gaps, price = centred_reward_gaps(old_logp, gaps, opened, choices, accelerator)
     if algo.verdict_level_gain > 0:  # a level above the warm start's makes opening dearer, below it cheaper
+        assert opened is not None  # as above
         hold = algo.verdict_level_gain * level_shift
         gaps = priced_gaps(gaps, opened, choices, hold)
         price = hold + (0.0 if math.isnan(price) else price)
@@ -194,7 +196,6 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     returns = pad_rows(returns, mask.shape[0])
     verdict_price = math.nan
     if algo.verdict_credit > 0:  # each verdict's own candidate term, on top of the episode's advantage
-        assert opened is not None  # verdict_credit needs constrained verdicts (PPOConfig checks it)
         verdict_terms, verdict_price = verdict_advantages(algo, old_logp, batch["choice_reward_gap"], opened,
                                                           verdicts_taken, level_shift, accelerator)
         advantages = advantages + verdict_terms
