@@ -240,3 +240,16 @@ def test_the_objective_adds_the_level_hold_at_the_verdicts():
     assert float(pull[0, 1]) > 0 and float(pull[0, 3]) > 0 and float(pull[0, 2]) < 0
     assert float(pull[0, 0]) == 0.0 and float(pull[0, 4]) == 0.0
 
+
+
+@pytest.mark.parametrize("setting", [{"algorithm.verdict_level_coef": 1.0},
+                                     {"algorithm.verdict_level_gain": 0.5, "algorithm.verdict_credit": 1.0},
+                                     {"algorithm.verdict_credit_centred": True, "algorithm.verdict_credit": 1.0}])
+def test_the_open_logit_options_need_the_judgement_form(setting, tokenizer):  # noqa: F811
+    from envs.config import EnvConfig
+    from training.ppo_loop.ppo_setup import verdict_choice_ids
+
+    cfg = with_values(PPOConfig, {"algorithm.kl_coef": 1.0, **setting})
+    with pytest.raises(ValueError, match="judgement form"):
+        verdict_choice_ids(cfg.rollout, cfg.algorithm, EnvConfig(expand_form="list"), tokenizer, "cpu")
+    assert verdict_choice_ids(cfg.rollout, cfg.algorithm, EnvConfig(expand_form="judge"), tokenizer, "cpu") is not None

@@ -48,6 +48,14 @@ def verdict_choice_ids(rollout: RolloutSettings, algorithm: AlgorithmSettings, e
         if algorithm.kl_estimator == "exact":
             raise ValueError("kl_estimator exact is the KL of the two-way constrained verdicts: it needs the "
                              "judgement form (env expand_form: judge) with constrain_verdicts: true")
+        reads_open_logits = {"verdict_credit_centred": algorithm.verdict_credit_centred,
+                             "verdict_level_gain": algorithm.verdict_level_gain > 0,
+                             "verdict_level_coef": algorithm.verdict_level_coef > 0,
+                             "kl_verdict_level free": algorithm.kl_verdict_level == "free"}
+        if any(reads_open_logits.values()):
+            raise ValueError(f"{[k for k, on in reads_open_logits.items() if on]} read the two-way verdicts' "
+                             "open logits: they need the judgement form (env expand_form: judge) with "
+                             "constrain_verdicts: true")
         return None
     ids = judge_token_ids(tokenizer)
     if algorithm.kl_estimator == "exact" and len(ids) != 2:
