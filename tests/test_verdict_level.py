@@ -182,6 +182,9 @@ def test_the_level_hold_terms_have_the_gradient_of_the_squared_mean_shift():
         with_values(PPOConfig, {"algorithm.verdict_level_coef": 1.0, "algorithm.kl_coef": 0.0})
     with pytest.raises(ConfigError, match="verdict_level_coef"):
         with_values(PPOConfig, {"algorithm.verdict_level_coef": 1.0, "rollout.constrain_verdicts": False})
+    with pytest.raises(ConfigError, match="verdict_level_target"):  # a target without a hold would do nothing
+        with_values(PPOConfig, {"algorithm.verdict_level_target": 0.0})
+    assert with_values(PPOConfig, {"algorithm.verdict_level_target": 0.0, "algorithm.verdict_level_coef": 1.0})
 
 
 def test_the_level_hold_prices_opening_by_the_shift():

@@ -291,6 +291,9 @@ class AlgorithmSettings:
         if self.verdict_level_coef > 0 and self.kl_coef == 0:
             raise ConfigError("verdict_level_coef holds the verdicts' yes level at the reference's: it needs the "
                               "reference pass (kl_coef > 0)")
+        if self.verdict_level_target is not None and self.verdict_level_coef == 0:
+            raise ConfigError("verdict_level_target is where verdict_level_coef holds the yes level: it does "
+                              "nothing while verdict_level_coef is 0")
         if self.verdict_credit_centred and self.verdict_credit == 0:
             raise ConfigError("verdict_credit_centred centres the verdict_credit term: it needs verdict_credit > 0")
 
