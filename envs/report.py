@@ -43,7 +43,8 @@ PER_QUESTION = {"n_searches": "searches_per_question", "n_actions": "actions_per
                 "n_invalid": "invalid_per_question", "docs_read": "docs_read_per_question",
                 "doc_tokens": "doc_tokens_per_question", "positives_opened": "positives_opened_per_question",
                 "negatives_opened": "negatives_opened_per_question",
-                "positives_missed": "positives_missed_per_question"}
+                "positives_missed": "positives_missed_per_question",
+                "docs_shown": "docs_shown_per_question", "positives_shown": "positives_shown_per_question"}
 # reported only when some episode has the key (a retriever that reads pages: the live web)
 PAGE_COUNTS = {"pages_fetched": "pages_fetched_per_question", "page_failures": "page_failures_per_question"}
 

@@ -23,6 +23,8 @@ def test_selection_figures_are_pooled_and_means_count_every_episode():
     assert out["fallout"] == pytest.approx(3 / 7)
     assert out["em"] == 0.5 and out["answered"] == 0.5 and out["reward_mean"] == pytest.approx(0.5)
     assert out["docs_read_per_question"] == 2.5 and out["positives_missed_per_question"] == 0.5
+    # what the searches put in front of the policy: recall's denominator and the candidates, per question
+    assert out["positives_shown_per_question"] == 1.5 and out["docs_shown_per_question"] == 5.0
 
 
 def test_opening_nothing_has_precision_zero_and_missing_keys_count_zero():

@@ -24,7 +24,8 @@ from training.runtime.distributed import reduce_mean
 
 # Metrics averaged over processes (rollout_stats keys plus the trainer's).
 ROLLOUT_KEYS = ("reward_mean", "reward_std", "em", "f1", "precision", "recall", "fallout",
-                "docs_read_per_question", "searches_per_question", "actions_per_question",
+                "docs_read_per_question", "docs_shown_per_question", "positives_shown_per_question",
+                "searches_per_question", "actions_per_question",
                 "invalid_per_question", "model_tokens_mean", "episode_tokens_mean", "finish/answer",
                 "finish/action_limit", "finish/context_limit", "finish/error")
 SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
