@@ -199,3 +199,32 @@ def test_observation_caps_count_the_policy_tokens(retriever, examples):
     replayed = trajectories.play_actions(examples[0], [a["text"] for a in with_tokens[0]["segments"]
                                                        if a["role"] == "model"], retriever, config, tokenizer=tokenizer)
     assert replayed["text"] == with_tokens[0]["text"]  # play_actions caps in the same tokens
+
+
+def opened_positive_and_negative(records):
+    """(positives opened, positives shown, negatives opened, negatives shown) over every search of ``records``."""
+    counts = [0, 0, 0, 0]
+    for record in records:
+        for search in record["summary"]["searches"]:
+            opened_flags = [i + 1 in search["expanded"] for i in range(len(search["ids"]))]
+            for shown, opened in zip(search["positive"], opened_flags):
+                counts[0 if shown else 2] += opened
+                counts[1 if shown else 3] += 1
+    return counts
+
+
+def test_labels_mode_opens_by_label_with_its_two_rates(retriever, examples):
+    """The noisy label-informed teacher: rate 1 for positives and 0 for negatives opens exactly the
+    positives shown; the reverse opens exactly the negatives; any rate outside [0, 1] is refused."""
+    def play(positive, negative):
+        settings = ScriptedTeacherConfig(expand="labels", positive_open_rate=positive, negative_open_rate=negative,
+                                         second_search=False)
+        records = collect_scripted(examples, retriever, EnvConfig(max_expand=10), settings, num_envs=2)
+        return opened_positive_and_negative(records)
+    pos_opened, pos_shown, neg_opened, neg_shown = play(1.0, 0.0)
+    assert pos_shown > 0 and neg_shown > 0
+    assert (pos_opened, neg_opened) == (pos_shown, 0)
+    assert play(0.0, 1.0) == [0, pos_shown, neg_shown, neg_shown]
+    for bad in ({"positive_open_rate": 1.5}, {"negative_open_rate": -0.1}):
+        with pytest.raises(ValueError, match="open_rate"):
+            ScriptedTeacherConfig(expand="labels", **bad)

@@ -50,8 +50,9 @@ class WarmStartConfig:
     def scripted_teacher(self) -> ScriptedTeacherConfig:
         t = self.teacher
         return ScriptedTeacherConfig(expand=t.expand, extra_expand=t.extra_expand, random_expand=t.random_expand,
-                                     open_rate=t.open_rate, second_search=t.second_search, think=t.think,
-                                     reader=t.reader, query=t.query)
+                                     open_rate=t.open_rate, positive_open_rate=t.positive_open_rate,
+                                     negative_open_rate=t.negative_open_rate, second_search=t.second_search,
+                                     think=t.think, reader=t.reader, query=t.query)
 
     @classmethod
     def upgrade_keys(cls, values: dict[str, Any]) -> dict[str, Any]:

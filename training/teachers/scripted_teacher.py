@@ -11,7 +11,11 @@
   of each snapshot, or each candidate with probability ``open_rate``: it teaches the protocol, not
   which candidates to open (left to PPO). ``"positives"`` is GOLD-GUIDED: it opens the candidates
   labelled positive for the question (plus ``extra_expand`` random others); use it only to study
-  what gold expansions do.
+  what gold expansions do. ``"labels"`` is a NOISY LABEL-INFORMED teacher for warm starts: each
+  candidate labelled positive is opened with probability ``positive_open_rate``, each other one with
+  ``negative_open_rate``; SFT on its verdicts teaches P(yes | preview) = P(positive | preview)·(p⁺ − p⁻)
+  + p⁻, a ranking wherever the previews tell positives apart and the level p⁻ + base·(p⁺ − p⁻) where
+  they do not (the training questions' labels choose; the policy only ever sees the previews).
 - **Answer** by a named reader rule over the passages it opened (:data:`READER_RULES`);
   ``"first_title"``: the title of the first passage of the last ``<information>`` observation
   that showed passages (the default corpus's answers are article titles), ``"unknown"`` when
@@ -37,7 +41,7 @@ from envs.types import QAExample
 from envs.vector_env import SearchVectorEnv
 from training.teachers.trajectories import make_record, seeds_r1_prompt
 
-TEACHER_EXPAND_MODES = ("random", "positives")  # "positives" is gold-guided
+TEACHER_EXPAND_MODES = ("random", "positives", "labels")  # "positives" is gold-guided, "labels" noisily so
 UNKNOWN_ANSWER = "unknown"
 THINK_TEXTS = {
     "search": "I need facts I do not have yet, so I will search for them.",
@@ -120,6 +124,9 @@ class ScriptedTeacherConfig:
     # random mode: open each candidate independently with this probability instead (None: random_expand of them);
     # with the judgement form judged alone and SFT on the verdicts, it is the warm start's yes rate
     open_rate: float | None = None
+    # labels mode: the probability of opening a candidate labelled positive, and one labelled negative
+    positive_open_rate: float = 0.95
+    negative_open_rate: float = 0.5
     second_search: bool = True  # search a shown candidate's title when nothing read touches the question
     think: bool = True  # a short templated <think> before every action
     reader: str = "first_title"  # a key of READER_RULES
@@ -136,6 +143,9 @@ class ScriptedTeacherConfig:
             raise ValueError("extra_expand and random_expand must be >= 0")
         if self.open_rate is not None and not 0.0 <= self.open_rate <= 1.0:
             raise ValueError(f"open_rate must lie in [0, 1] (or None), not {self.open_rate}")
+        for name in ("positive_open_rate", "negative_open_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], not {getattr(self, name)}")
 
     @property
     def name(self) -> str:
@@ -210,6 +220,9 @@ class ScriptedTeacher:
             others = [i + 1 for i in range(n) if not search["positive"][i]]
             extra = min(self.settings.extra_expand, len(others), max(0, limit - len(chosen)))
             chosen = sorted(chosen + self.rng.sample(others, extra))
+        elif self.settings.expand == "labels":  # a coin per candidate, weighted by its label
+            rates = (self.settings.negative_open_rate, self.settings.positive_open_rate)
+            chosen = [i + 1 for i in range(n) if self.rng.random() < rates[bool(search["positive"][i])]][:limit]
         elif self.settings.open_rate is not None:  # each candidate a coin of its own, at most max_expand
             chosen = [i for i in range(1, n + 1) if self.rng.random() < self.settings.open_rate][:limit]
         else:
