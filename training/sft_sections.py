@@ -64,9 +64,8 @@ class TeacherSettings:
     extra_expand: int = 0  # scripted, positives mode: random non-positives opened as well
     random_expand: int = 2  # scripted, random mode: candidates opened per snapshot
     open_rate: float | None = None  # scripted, random mode: each candidate opened with this probability instead
-    # scripted, labels mode (noisy, label-informed): the probability of opening a positive, and a negative
-    positive_open_rate: float = 0.95
-    negative_open_rate: float = 0.5
+    positive_open_rate: float = 0.95  # scripted, labels mode (noisy, label-informed): P(open) of a positive
+    negative_open_rate: float = 0.5  # scripted, labels mode: P(open) of a candidate not labelled positive
     second_search: bool = True  # scripted: search a shown title when nothing read touches the question
     think: bool = True  # scripted: a short <think> before every action
     reader: str = "first_title"  # scripted: reader rule over the opened passages (READER_RULES)
