@@ -12,6 +12,7 @@ to an :class:`InvalidAction` carrying the reason, never an exception.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ACTION_TAGS = ("search", "expand", "answer")
@@ -197,6 +198,28 @@ def judge_token_ids(tokenizer) -> tuple[int, ...]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"the verdict words {JUDGE_WORDS!r} share a token id for this tokenizer")
     return tuple(ids)
+
+
+# How greedy decoding turns the verdicts of one snapshot, each judged alone, into opens: "level" each on
+# its own (the verdict drawn, π(yes) > 0.5: what a shared drift of the yes level moves), "snapshot_mean"
+# the candidates whose π(yes) lies above the mean of their snapshot's (what the ranking alone decides)
+VERDICT_CUTS = ("level", "snapshot_mean")
+
+
+def cut_verdicts(yes_probs: Sequence[float], drawn: Sequence[bool], cut: str) -> list[bool]:
+    """Which candidates of one snapshot are opened, from their π(yes) (N,) and the verdicts greedy
+    decoding drew (N,), under ``cut`` (:data:`VERDICT_CUTS`): ``level`` keeps the drawn verdicts;
+    ``snapshot_mean`` opens those strictly above the snapshot's mean π(yes), and keeps the drawn ones
+    where the candidates cannot be told apart (one candidate, or all within 1e-6 of each other)."""
+    if cut not in VERDICT_CUTS:
+        raise ValueError(f"unknown verdict cut {cut!r} (one of {', '.join(VERDICT_CUTS)})")
+    probs = [float(p) for p in yes_probs]
+    if len(probs) != len(drawn):
+        raise ValueError(f"{len(probs)} π(yes) for {len(drawn)} verdicts")
+    if cut == "level" or not probs or max(probs) - min(probs) <= 1e-6:
+        return [bool(v) for v in drawn]
+    mean = sum(probs) / len(probs)
+    return [p > mean for p in probs]
 
 
 def snapshot_candidates(observation: str) -> list[str]:

@@ -10,11 +10,20 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from envs.config import EnvConfig
-from envs.protocol import judge_alone_prompts, judge_chunks, judge_token_ids, judgement_action
+from envs.protocol import (
+    JUDGE_WORDS,
+    VERDICT_CUTS,
+    cut_verdicts,
+    judge_alone_prompts,
+    judge_chunks,
+    judge_token_ids,
+    judgement_action,
+)
 from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, paper_limits, register
 from methods.baselines import reason_in_documents
@@ -114,6 +123,13 @@ class SeedsR1(Method):
     max_tokens: int = 512
     force_answer: bool = FORCE_ANSWER_DEFAULT
     constrain_verdicts: bool = True  # judge form with a local tokenizer: verdicts among the yes/no tokens only
+    # verdicts judged alone: how a snapshot's pi(yes) become opens (envs.protocol.cut_verdicts; as the trainer's
+    # evaluation.verdict_cut): "level" the verdicts as drawn, "snapshot_mean" those above the snapshot's mean
+    verdict_cut: str = "level"
+
+    def __post_init__(self) -> None:
+        if self.verdict_cut not in VERDICT_CUTS:
+            raise ValueError(f"verdict_cut must be one of {', '.join(VERDICT_CUTS)}, not {self.verdict_cut!r}")
 
     def fixed_env(self) -> dict:
         return dict(PREVIEW_PROTOCOL)
@@ -132,6 +148,12 @@ class SeedsR1(Method):
         async def judge(outcome: StepOutcome, model_text: str) -> str | None:
             if judge_with is None:
                 return None
+            if judge_with is judge_alone_snapshot:
+                return await judge_alone_snapshot(ctx, transcript, outcome.observation, self.constrain_verdicts,
+                                                  self.verdict_cut)
+            if self.verdict_cut != "level":
+                raise ValueError(f"verdict_cut {self.verdict_cut!r} cuts verdicts judged alone (env "
+                                 "judge_context: alone)")
             return await judge_with(ctx, transcript, outcome.observation, self.constrain_verdicts)
 
         await run_agent_turns(ctx, transcript, max_tokens=self.max_tokens, force_answer=self.force_answer,
@@ -165,12 +187,14 @@ async def judge_snapshot(ctx: QuestionContext, transcript: TokenTranscript, obse
 
 
 async def judge_alone_snapshot(ctx: QuestionContext, transcript: TokenTranscript, observation: str,
-                               constrain: bool = True) -> str | None:
+                               constrain: bool = True, verdict_cut: str = "level") -> str | None:
     """The judgement form with ``judge_context: alone`` in evaluation, as
     :func:`training.rollouts.rollout_judge.judge_alone` lays it out in training: the snapshot is appended to
     the transcript, each candidate is judged in its own context (:func:`envs.protocol.judge_alone_prompts`,
     ONE verdict token each, the calls concurrent), and the expand those verdicts make is appended as
-    text the model did not write. Returns the expand's observation (None: not a snapshot to judge)."""
+    text the model did not write; ``verdict_cut`` other than ``level`` re-decides the verdicts from their
+    π(yes) (:func:`envs.protocol.cut_verdicts`; it needs them constrained to yes/no). Returns the expand's
+    observation (None: not a snapshot to judge)."""
     contexts = judge_alone_prompts(ctx.question, observation)
     if not contexts:
         return None
@@ -184,10 +208,26 @@ async def judge_alone_snapshot(ctx: QuestionContext, transcript: TokenTranscript
     if any(c.finish_reason == "error" for c in completions):
         await ctx.give_up("llm_error")
         return ""
-    action = judgement_action([c.text for c in completions])
+    words = [c.text for c in completions]
+    if verdict_cut != "level":
+        words = recut_words(completions, allowed, verdict_cut)
+    action = judgement_action(words)
     transcript.add_text(action)
     outcome = await ctx.step(action)
     return outcome.observation
+
+
+def recut_words(completions: list, choice_ids: tuple[int, ...], cut: str) -> list[str]:
+    """The verdict words of one snapshot's constrained one-token ``completions`` (each over ``choice_ids``:
+    yes, no) re-decided by :func:`envs.protocol.cut_verdicts` from their π(yes)."""
+    if len(choice_ids) != 2 or any(len(c.token_ids) != 1 or not c.logprobs for c in completions):
+        raise ValueError(f"verdict_cut {cut!r} needs constrained one-token verdicts with their log-probs "
+                         "(constrain_verdicts and a local tokenizer)")
+    yes_id = choice_ids[0]
+    drawn = [c.token_ids[0] == yes_id for c in completions]
+    yes_probs = [math.exp(c.logprobs[0]) if is_yes else 1.0 - math.exp(c.logprobs[0])
+                 for c, is_yes in zip(completions, drawn)]
+    return [JUDGE_WORDS[0] if is_open else JUDGE_WORDS[1] for is_open in cut_verdicts(yes_probs, drawn, cut)]
 
 
 # the evaluation's judge of a snapshot, by the env's judge form (envs.protocol.JudgeForm): none in the list form

@@ -145,10 +145,11 @@ TRAINING_LAYERS = (
     ("warm_start",),
     ("sft",),  # python -m training.sft: the warm start's recipe, which the PPO set-up runs first
     ("ppo_loop", "studies", "seed_spread"),  # python -m training.seed_spread
-    ("ppo", "rescore"),  # python -m training.ppo / accelerate launch training/ppo.py; python -m training.rescore
+    ("ppo", "rescore", "reevaluate"),  # python -m training.ppo / accelerate launch training/ppo.py; python -m
+    # training.rescore; python -m training.reevaluate
 )
 TRAINING_TOP = {"__init__", "config", "config_sections", "sft_sections", "sft_config", "sft", "seed_spread", "ppo",
-                "rescore"}
+                "rescore", "reevaluate"}
 
 
 def training_unit(module: str) -> str | None:

@@ -103,6 +103,9 @@ class PPOConfig:
         if algorithm.verdict_level_coef > 0 and not rollout.constrain_verdicts:
             raise ConfigError("verdict_level_coef reads the two-way verdicts' open logits: it needs "
                               "constrain_verdicts: true")
+        if self.evaluation.verdict_cut != "level" and not rollout.constrain_verdicts:
+            raise ConfigError("evaluation.verdict_cut compares the two-way verdicts' pi(yes): it needs "
+                              "constrain_verdicts: true")
         if algorithm.verdict_credit > 0 and not rollout.constrain_verdicts:
             raise ConfigError("verdict_credit needs constrain_verdicts: true (the two-way yes/no distribution)")
         if self.warm_start.require_checkpoint and not self.model.sft_checkpoint:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.config import EnvConfig
+from envs.protocol import VERDICT_CUTS
 from envs.typed_config import ConfigError
 
 ANSWER_CREDITS = ("episode", "answer")  # AlgorithmSettings.answer_credit (training/answer_credit.py)
@@ -329,10 +330,15 @@ class EvalSettings:
     # a greedy evaluation on the held-out questions every this many updates (0: only before and after PPO),
     # logged in metrics.jsonl as eval/<metric> and drawn in curves.png: where the policy goes between the two
     eval_every: int = 0
+    # how greedy decoding opens from the verdicts judged alone (envs.protocol.cut_verdicts): "level" each whose
+    # pi(yes) > 0.5; "snapshot_mean" those above their snapshot's mean pi(yes), what the ranking alone decides
+    verdict_cut: str = "level"
 
     def __post_init__(self) -> None:
         if self.eval_every < 0:
             raise ConfigError("eval_every must be at least 0 (0: evaluate only before and after PPO)")
+        if self.verdict_cut not in VERDICT_CUTS:
+            raise ConfigError(f"verdict_cut must be one of {', '.join(VERDICT_CUTS)}, not {self.verdict_cut!r}")
 
 
 @dataclass

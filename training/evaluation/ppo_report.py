@@ -33,19 +33,19 @@ SAMPLE_COLUMNS = ("update", "question", "reward", "finish", "text")
 PERIODIC_EVAL_KEYS = ("reward_mean", "em", "precision", "recall", "docs_read_per_question", "verdict_auc")
 
 
-def greedy_rollout_config(rollout: RolloutSettings, seed: int) -> RolloutConfig:
+def greedy_rollout_config(rollout: RolloutSettings, seed: int, verdict_cut: str = "level") -> RolloutConfig:
     """How the trainer evaluates: greedy, one episode per question, the run's turn and context limits
-    (its ``rollout`` section) and its seed."""
+    (its ``rollout`` section), its seed and the evaluation's ``verdict_cut``."""
     return RolloutConfig(max_turn_tokens=rollout.max_turn_tokens, max_context_tokens=rollout.max_context_tokens,
                          temperature=0.0, samples_per_question=1, seed=seed,
-                         constrain_verdicts=rollout.constrain_verdicts)
+                         constrain_verdicts=rollout.constrain_verdicts, verdict_cut=verdict_cut)
 
 
 def evaluate_policy(backend, retriever, env_config, examples: list, rollout: RolloutSettings, seed: int, accelerator,
-                    prompt_fn, tokenizer=None) -> tuple[dict, dict]:
+                    prompt_fn, tokenizer=None, verdict_cut: str = "level") -> tuple[dict, dict]:
     """Greedy episodes on held-out questions (each process its shard; the ``rollout`` section's envs and
-    limits, the run's ``seed``) -> (rollout_stats averaged over processes, per-question outcomes of ALL
-    questions in order, for the paired bootstrap)."""
+    limits, the run's ``seed``, verdicts cut by ``verdict_cut``) -> (rollout_stats averaged over processes,
+    per-question outcomes of ALL questions in order, for the paired bootstrap)."""
     indices = list(range(accelerator.process_index, len(examples), accelerator.num_processes))
     shard = [examples[i] for i in indices]
     stats = {k: 0.0 for k in ROLLOUT_KEYS + ANSWER_SHARE_KEYS}
@@ -53,7 +53,7 @@ def evaluate_policy(backend, retriever, env_config, examples: list, rollout: Rol
     if shard:
         venv = SearchVectorEnv(retriever, num_envs=min(rollout.num_envs, len(shard)), config=env_config,
                                tokenizer=tokenizer)
-        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(rollout, seed), prompt_fn,
+        episodes = collect_rollouts(backend, venv, shard, greedy_rollout_config(rollout, seed, verdict_cut), prompt_fn,
                                     progress="eval" if accelerator.is_local_main_process else None)
         found = rollout_stats(episodes)
         stats.update({k: found.get(k, 0.0) for k in ROLLOUT_KEYS})

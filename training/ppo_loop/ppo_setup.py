@@ -63,9 +63,13 @@ def verdict_choice_ids(rollout: RolloutSettings, algorithm: AlgorithmSettings, e
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-def check_judge_context(algorithm: AlgorithmSettings, env_config: EnvConfig) -> None:
+def check_judge_context(algorithm: AlgorithmSettings, env_config: EnvConfig, verdict_cut: str = "level") -> None:
     """Verdicts judged alone are rows of their own in the batch, with no value to learn: they need
-    a critic-free estimator, whose per-episode advantage each of them takes."""
+    a critic-free estimator, whose per-episode advantage each of them takes. A greedy ``verdict_cut`` other
+    than the level compares a snapshot's verdicts, which only verdicts judged alone are drawn together for."""
+    if verdict_cut != "level" and not env_config.judge_form.alone:
+        raise ValueError(f"evaluation.verdict_cut {verdict_cut!r} needs the judgement form judged alone "
+                         f"(env expand_form: judge, judge_context: alone)")
     if env_config.judge_form.alone and uses_critic(algorithm):
         raise ValueError(f"judge_context alone needs a critic-free estimator (grpo, rloo, reinforce, reinforce_pp, "
                          f"reinforce_pp_baseline), not advantage {algorithm.advantage!r}: its verdict rows take "
@@ -109,6 +113,7 @@ class Run:
     kl_controller: Any = None  # β of the KL penalty, fixed or adaptive (algorithm/kl_control.py: current_kl_coef)
     # warm_start.cache: the resolved config as plain dicts, which keys the cached evaluation before PPO; None: no cache
     cached_eval_settings: dict | None = None
+    verdict_cut: str = "level"  # evaluation.verdict_cut: how the greedy evaluations open from the verdicts
 
     @property
     def pad_id(self) -> int:
@@ -181,7 +186,7 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
     sft_checkpoint, resume_from = resume_point(cfg.run, cfg.model)
     if sft_checkpoint:  # resume on top of the same SFT policy
         cfg = with_values(cfg, {"model.sft_checkpoint": sft_checkpoint})
-    check_judge_context(cfg.algorithm, cfg.env)
+    check_judge_context(cfg.algorithm, cfg.env, cfg.evaluation.verdict_cut)
     retriever = retriever if retriever is not None else load_retriever(cfg.data)
     if examples is None or eval_examples is None:
         loaded_train, loaded_eval = load_train_and_held_out(cfg.data, cfg.evaluation)
@@ -209,7 +214,8 @@ def set_up(cfg: PPOConfig, retriever, examples, eval_examples, models, accelerat
               choice_ids=verdict_choice_ids(cfg.rollout, cfg.algorithm, env_config, models.tokenizer,
                                             accelerator.device),
               initial_weights=initial_weights, kl_controller=build_kl_controller(cfg.algorithm),
-              cached_eval_settings=to_dict(cfg) if cfg.warm_start.cache else None)
+              cached_eval_settings=to_dict(cfg) if cfg.warm_start.cache else None,
+              verdict_cut=cfg.evaluation.verdict_cut)
     prepare_optimization(run)
     # HF over the live weights, or a vLLM engine that gets the actor's weights before every rollout phase
     run.backend = build_rollout_backend(cfg.rollout, cfg.model, run.policy, models.tokenizer, accelerator,
@@ -223,7 +229,8 @@ def evaluate(run: Run) -> tuple[dict, dict]:
     """Greedy episodes of the current policy on the held-out questions."""
     sync_rollout_weights(run.backend, run.policy)
     return evaluate_policy(run.backend, run.retriever, run.env_config, run.eval_examples, run.rollout,
-                           run.run_settings.seed, run.accelerator, run.prompt_fn, run.models.tokenizer)
+                           run.run_settings.seed, run.accelerator, run.prompt_fn, run.models.tokenizer,
+                           verdict_cut=run.verdict_cut)
 
 
 def evaluate_before(run: Run) -> tuple[dict, dict]:

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from envs.config import EnvConfig
-from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
+from envs.protocol import CLOSING_TAGS, VERDICT_CUTS, format_answer, format_expand, judge_token_ids
 from envs.report import summarize_episodes
 from envs.rewards import RewardConfig
 from envs.types import QAExample
@@ -157,6 +157,8 @@ class RolloutConfig:
     force_answer: bool = FORCE_ANSWER_DEFAULT  # one action left: "<answer>" written for the model (SeedsR1's setting)
     reuse_kv_cache: bool = True  # HF backends: keep each episode's KV cache across turns (rollout_generation.py)
     constrain_verdicts: bool = True  # judgement form: each verdict is sampled among the yes/no tokens only
+    # greedy (temperature 0) verdicts judged alone: how a snapshot's π(yes) become opens (envs.protocol.cut_verdicts)
+    verdict_cut: str = "level"
     record_states_after: int = 0  # HF session: keep the states after this many decoder layers (0: none)
 
     def __post_init__(self) -> None:
@@ -164,6 +166,11 @@ class RolloutConfig:
             raise ValueError("max_turn_tokens and samples_per_question must be at least 1")
         if self.max_context_tokens <= self.max_turn_tokens:
             raise ValueError("max_context_tokens must exceed max_turn_tokens")
+        if self.verdict_cut not in VERDICT_CUTS:
+            raise ValueError(f"verdict_cut must be one of {', '.join(VERDICT_CUTS)}, not {self.verdict_cut!r}")
+        if self.verdict_cut != "level" and (self.temperature > 0 or not self.constrain_verdicts):
+            raise ValueError(f"verdict_cut {self.verdict_cut!r} cuts greedy, constrained verdicts: it needs "
+                             "temperature 0 and constrain_verdicts (sampled verdicts are drawn, not cut)")
 
 
 def default_prompt_fn(env: EnvConfig) -> Callable[[str], str]:

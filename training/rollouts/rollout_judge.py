@@ -26,10 +26,18 @@ evaluation.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from envs.protocol import JUDGE_WORDS, judge_alone_prompts, judge_chunks, judgement_action, snapshot_candidates
+from envs.protocol import (
+    JUDGE_WORDS,
+    cut_verdicts,
+    judge_alone_prompts,
+    judge_chunks,
+    judgement_action,
+    snapshot_candidates,
+)
 from envs.rewards import RewardConfig, verdict_reward_gap
 from methods.llm import GenerationRequest
 from training.rollouts.rollout_generation import end_episode, request_seed
@@ -69,6 +77,9 @@ def judge_snapshots(batch: Any, slots: list, pending: dict[int, str]) -> dict[in
     (rows that ran out of context are ended)."""
     if batch.venv.config.judge_form.alone:
         return judge_alone(batch, slots, pending)
+    if batch.config.verdict_cut != "level":
+        raise ValueError(f"verdict_cut {batch.config.verdict_cut!r} cuts verdicts judged alone "
+                         "(env judge_context: alone); in the stream each verdict is drawn before the next is shown")
     return judge_in_stream(batch, slots, {k: judge_chunks(obs) for k, obs in pending.items()})
 
 
@@ -135,12 +146,31 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
         opened = words[k][-1].strip().lower() == JUDGE_WORDS[0].strip()
         slot.pending_verdicts.append((len(slot.verdict_rows) - 1, opened))
     batch.generator.release(keys)
+    if config.verdict_cut != "level":
+        for k in words:
+            if not slots[k].done:
+                words[k] = recut_verdicts(slots[k], batch.verdict_ids, config.verdict_cut)
     actions = {}
     for k, chosen in words.items():
         action = judgement_action(chosen)
         if not slots[k].done and batch.append_prompt_text(slots[k], k, [action]):
             actions[k] = action
     return actions
+
+
+def recut_verdicts(slot: Any, choice_ids: tuple[int, ...], cut: str) -> list[str]:
+    """Greedy verdicts of the slot's latest snapshot (its ``pending_verdicts``, rows judged alone) re-decided
+    by :func:`envs.protocol.cut_verdicts` from their π(yes) over the two choices (``choice_ids``: yes, no);
+    each row's verdict token and log-prob become the chosen choice's. Returns the words, in order."""
+    yes_id, no_id = choice_ids
+    rows = [slot.verdict_rows[where] for where, _ in slot.pending_verdicts]
+    yes_probs = [math.exp(r.logprob) if r.token_ids[-1] == yes_id else 1.0 - math.exp(r.logprob) for r in rows]
+    opened = cut_verdicts(yes_probs, [is_open for _, is_open in slot.pending_verdicts], cut)
+    for row, p, is_open in zip(rows, yes_probs, opened):
+        row.token_ids[-1] = yes_id if is_open else no_id
+        row.logprob = math.log(max(p if is_open else 1.0 - p, 1e-30))
+    slot.pending_verdicts = [(where, is_open) for (where, _), is_open in zip(slot.pending_verdicts, opened)]
+    return [JUDGE_WORDS[0] if is_open else JUDGE_WORDS[1] for is_open in opened]
 
 
 def record_judgement(slot: Any, info: dict) -> None:
