@@ -32,7 +32,8 @@ def test_an_old_run_folder_loads_as_the_same_settings_in_the_nested_form(capsys)
     assert "deprecated: old flat PPO config keys" in capsys.readouterr().err
     nested = load_config(PPOConfig, [*DEFAULT, "--run.seed", "3", "--warm_start.train.epochs", "1",
                                      "--model.lora.r", "8",
-                                     "--env.reward.negative_opened_penalty", "0.15", "--optim.updates", "6"])
+                                     "--env.reward.negative_opened_penalty", "0.15", "--optim.updates", "6",
+                                     "--rollout.temperature", "1.0", "--evaluation.verdict_cut", "level"])
     assert old == nested
     assert (old.run.seed, old.warm_start.train.epochs, old.model.lora.r, old.env.max_actions) == (3, 1, 8, 3)
 

@@ -18,13 +18,17 @@ def test_the_default_opens_above_the_cut_and_charges_beta_005_for_12_updates():
     assert default.optim.updates == 12
     assert default.algorithm.verdict_credit_centred  # the verdicts' own credit moves which candidates open, not how
     # many
+    # rollouts sampled cooler, and greedy evaluations opening by rank within each snapshot
+    assert (default.rollout.temperature, default.evaluation.verdict_cut) == (0.7, "snapshot_mean")
     above = load_config(PPOConfig, ["--config", str(RECIPES / "above_cut.yaml")])  # runs 43-45's command
     assert not above.algorithm.verdict_credit_centred  # as those runs measured it
     assert (above.env.reward.negative_opened_penalty, above.optim.updates) == (0.15, 6)
     previous = load_config(PPOConfig, ["--config", str(RECIPES / "centred_beta015.yaml")])  # r72-r74's default
     assert with_values(above, {"run.output_dir": previous.run.output_dir, "algorithm.verdict_credit_centred": True}) \
         == previous
-    assert changed_fields(previous, default) == {"env.reward", "optim.updates", "run.output_dir"}
+    assert changed_fields(previous, default) == {"env.reward", "optim.updates", "run.output_dir", "rollout.temperature",
+                                                 "evaluation.verdict_cut"}
+    assert (previous.rollout.temperature, previous.evaluation.verdict_cut) == (1.0, "level")  # as measured
 
 
 def test_half_open_is_the_previous_default_with_its_two_values():
@@ -36,4 +40,5 @@ def test_half_open_is_the_previous_default_with_its_two_values():
     assert reward == dataclasses.replace(default_reward, negative_opened_penalty=0.05)
     assert reward.positive_opened_bonus == 0.25  # the base's env overrides are kept, not replaced
     assert changed_fields(half, default) == {"warm_start.teacher", "optim.updates", "run.output_dir",
-                                             "algorithm.verdict_credit_centred"}
+                                             "algorithm.verdict_credit_centred", "rollout.temperature",
+                                             "evaluation.verdict_cut"}
