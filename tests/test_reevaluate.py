@@ -31,8 +31,8 @@ def run_folder(tmp_path, script_lm, tokenizer):  # noqa: F811
 
 
 def replay(run_folder, retriever, examples, cut, monkeypatch):
-    monkeypatch.setattr("training.reevaluate.HFBackend", GradedVerdicts)  # verdicts with graded π(yes)
-    monkeypatch.setattr("training.rollouts.rollout_generation.session_supported", lambda backend: False)  # ...all of them
+    monkeypatch.setattr("training.reevaluate.HFBackend", GradedVerdicts)  # verdicts with graded π(yes), all of them
+    monkeypatch.setattr("training.rollouts.rollout_generation.session_supported", lambda backend: False)
     return reevaluate(run_folder, cut, retriever=retriever, held_out=examples, accelerator=Accelerator(cpu=True))
 
 
