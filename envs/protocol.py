@@ -11,6 +11,7 @@ to an :class:`InvalidAction` carrying the reason, never an exception.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -204,6 +205,12 @@ def judge_token_ids(tokenizer) -> tuple[int, ...]:
 # its own (the verdict drawn, π(yes) > 0.5: what a shared drift of the yes level moves), "snapshot_mean"
 # the candidates whose π(yes) lies above the mean of their snapshot's (what the ranking alone decides)
 VERDICT_CUTS = ("level", "snapshot_mean")
+
+
+def yes_prob(logprob: float, said_yes: bool) -> float:
+    """π(yes) of a two-way (constrained) verdict from the log-prob of the choice it made."""
+    p = math.exp(logprob)
+    return p if said_yes else 1.0 - p
 
 
 def cut_verdicts(yes_probs: Sequence[float], drawn: Sequence[bool], cut: str) -> list[bool]:

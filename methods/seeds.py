@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,6 +22,7 @@ from envs.protocol import (
     judge_chunks,
     judge_token_ids,
     judgement_action,
+    yes_prob,
 )
 from methods.agent_loop import FORCE_ANSWER_DEFAULT, FORCED_ANSWER_MAX_TOKENS, run_agent_turns
 from methods.base import Method, paper_limits, register
@@ -225,8 +225,7 @@ def recut_words(completions: list, choice_ids: tuple[int, ...], cut: str) -> lis
                          "(constrain_verdicts and a local tokenizer)")
     yes_id = choice_ids[0]
     drawn = [c.token_ids[0] == yes_id for c in completions]
-    yes_probs = [math.exp(c.logprobs[0]) if is_yes else 1.0 - math.exp(c.logprobs[0])
-                 for c, is_yes in zip(completions, drawn)]
+    yes_probs = [yes_prob(c.logprobs[0], is_yes) for c, is_yes in zip(completions, drawn)]
     return [JUDGE_WORDS[0] if is_open else JUDGE_WORDS[1] for is_open in cut_verdicts(yes_probs, drawn, cut)]
 
 

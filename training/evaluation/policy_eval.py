@@ -23,13 +23,13 @@ opening fewer documents, and recall says how many of the positives that costs.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from envs.bootstrap import PairedDifference, Statistic, mean_of, pooled_f1, pooled_ratio
 from envs.bootstrap import paired_bootstrap as shared_paired_bootstrap
+from envs.protocol import yes_prob
 from training.evaluation.answer_sources import answer_source, copies_question, opened_and_shown
 
 CORE_OUTCOME_KEYS = ("reward", "em", "positives_opened", "docs_read")  # in every eval.json
@@ -85,8 +85,7 @@ def verdict_scores(episodes: Sequence, yes_id: int) -> list[tuple[bool, float]]:
     for episode in episodes:
         for row in getattr(episode, "verdict_rows", None) or ():
             if row.positive is not None:
-                p = math.exp(row.logprob)
-                pairs.append((row.positive, p if row.token_ids[-1] == yes_id else 1.0 - p))
+                pairs.append((row.positive, yes_prob(row.logprob, row.token_ids[-1] == yes_id)))
     return pairs
 
 

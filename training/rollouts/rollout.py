@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from envs.config import EnvConfig
-from envs.protocol import CLOSING_TAGS, VERDICT_CUTS, format_answer, format_expand, judge_token_ids
+from envs.protocol import CLOSING_TAGS, format_answer, format_expand, judge_token_ids
 from envs.report import summarize_episodes
 from envs.rewards import RewardConfig
 from envs.types import QAExample
@@ -84,6 +84,7 @@ from methods.seeds import SeedsR1
 from training.rollouts.rollout_generation import TurnGenerator, end_episode, eos_logprobs, request_seed
 from training.rollouts.rollout_judge import (
     VerdictRow,
+    check_verdict_cut,
     judge_snapshots,
     judging_rows,
     record_judgement,
@@ -166,11 +167,7 @@ class RolloutConfig:
             raise ValueError("max_turn_tokens and samples_per_question must be at least 1")
         if self.max_context_tokens <= self.max_turn_tokens:
             raise ValueError("max_context_tokens must exceed max_turn_tokens")
-        if self.verdict_cut not in VERDICT_CUTS:
-            raise ValueError(f"verdict_cut must be one of {', '.join(VERDICT_CUTS)}, not {self.verdict_cut!r}")
-        if self.verdict_cut != "level" and (self.temperature > 0 or not self.constrain_verdicts):
-            raise ValueError(f"verdict_cut {self.verdict_cut!r} cuts greedy, constrained verdicts: it needs "
-                             "temperature 0 and constrain_verdicts (sampled verdicts are drawn, not cut)")
+        check_verdict_cut(self.verdict_cut, self.temperature, self.constrain_verdicts)
 
 
 def default_prompt_fn(env: EnvConfig) -> Callable[[str], str]:

@@ -32,11 +32,13 @@ from typing import Any
 
 from envs.protocol import (
     JUDGE_WORDS,
+    VERDICT_CUTS,
     cut_verdicts,
     judge_alone_prompts,
     judge_chunks,
     judgement_action,
     snapshot_candidates,
+    yes_prob,
 )
 from envs.rewards import RewardConfig, verdict_reward_gap
 from methods.llm import GenerationRequest
@@ -158,13 +160,23 @@ def judge_alone(batch: Any, slots: list, pending: dict[int, str]) -> dict[int, s
     return actions
 
 
+def check_verdict_cut(cut: str, temperature: float, constrained: bool) -> None:
+    """A rollout's ``verdict_cut`` (:data:`envs.protocol.VERDICT_CUTS`): a cut other than the level re-decides
+    greedy verdicts constrained to yes/no; raises ValueError otherwise."""
+    if cut not in VERDICT_CUTS:
+        raise ValueError(f"verdict_cut must be one of {', '.join(VERDICT_CUTS)}, not {cut!r}")
+    if cut != "level" and (temperature > 0 or not constrained):
+        raise ValueError(f"verdict_cut {cut!r} cuts greedy, constrained verdicts: it needs temperature 0 and "
+                         "constrain_verdicts (sampled verdicts are drawn, not cut)")
+
+
 def recut_verdicts(slot: Any, choice_ids: tuple[int, ...], cut: str) -> list[str]:
     """Greedy verdicts of the slot's latest snapshot (its ``pending_verdicts``, rows judged alone) re-decided
     by :func:`envs.protocol.cut_verdicts` from their π(yes) over the two choices (``choice_ids``: yes, no);
     each row's verdict token and log-prob become the chosen choice's. Returns the words, in order."""
     yes_id, no_id = choice_ids
     rows = [slot.verdict_rows[where] for where, _ in slot.pending_verdicts]
-    yes_probs = [math.exp(r.logprob) if r.token_ids[-1] == yes_id else 1.0 - math.exp(r.logprob) for r in rows]
+    yes_probs = [yes_prob(r.logprob, r.token_ids[-1] == yes_id) for r in rows]
     opened = cut_verdicts(yes_probs, [is_open for _, is_open in slot.pending_verdicts], cut)
     for row, p, is_open in zip(rows, yes_probs, opened):
         row.token_ids[-1] = yes_id if is_open else no_id
