@@ -42,3 +42,18 @@ def test_half_open_is_the_previous_default_with_its_two_values():
     assert changed_fields(half, default) == {"warm_start.teacher", "optim.updates", "run.output_dir",
                                              "algorithm.verdict_credit_centred", "rollout.temperature",
                                              "evaluation.verdict_cut"}
+
+
+def test_answer_reading_is_the_default_with_two_readings_turn_weights_and_the_answer_credit():
+    default = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml")])
+    reading = load_config(PPOConfig, ["--config", str(RECIPES / "answer_reading.yaml")])
+    assert (reading.warm_start.teacher.samples, reading.warm_start.train.loss_agg) == (2, "turn_mean")
+    assert reading.algorithm.answer_credit == "answer"
+    assert (default.warm_start.teacher.samples, default.warm_start.train.loss_agg) == (1, "token_mean")
+    assert changed_fields(reading, default) == {"warm_start.teacher", "warm_start.train", "algorithm.answer_credit",
+                                                "run.output_dir"}
+    # the default with the flags runs r99-r100 were started with is the same config
+    flags = load_config(PPOConfig, ["--config", str(RECIPES / "default.yaml"),
+                                    "--warm_start.train.loss_agg", "turn_mean", "--warm_start.teacher.samples", "2",
+                                    "--algorithm.answer_credit", "answer", "--run.output_dir", reading.run.output_dir])
+    assert flags == reading
