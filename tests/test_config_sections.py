@@ -33,7 +33,9 @@ def test_an_old_run_folder_loads_as_the_same_settings_in_the_nested_form(capsys)
     nested = load_config(PPOConfig, [*DEFAULT, "--run.seed", "3", "--warm_start.train.epochs", "1",
                                      "--model.lora.r", "8",
                                      "--env.reward.negative_opened_penalty", "0.15", "--optim.updates", "6",
-                                     "--rollout.temperature", "1.0", "--evaluation.verdict_cut", "level"])
+                                     "--rollout.temperature", "1.0", "--evaluation.verdict_cut", "level",
+                                     "--warm_start.teacher.samples", "1", "--warm_start.train.loss_agg", "token_mean",
+                                     "--algorithm.answer_credit", "episode"])
     assert old == nested
     assert (old.run.seed, old.warm_start.train.epochs, old.model.lora.r, old.env.max_actions) == (3, 1, 8, 3)
 
