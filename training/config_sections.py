@@ -160,7 +160,8 @@ class OptimSettings:
 
 
 ALGORITHM_CHOICES = {
-    "kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3", "exact"), "kl_tokens": ("all", "verdicts"),
+    "kl_mode": ("reward", "loss"), "kl_estimator": ("k1", "k2", "k3", "exact"),
+    "kl_tokens": ("all", "verdicts", "verdicts_answer"),
     "kl_verdict_level": ("anchored", "free"),
     "advantage": ("gae", "grpo", "rloo", "reinforce", "reinforce_pp", "reinforce_pp_baseline"),
     "policy_loss": POLICY_LOSSES, "tis": ("none", "token", "sequence"), "tis_mode": ("truncate", "mask"),
@@ -192,7 +193,8 @@ class AlgorithmSettings:
     # yes/no, no sampling variance (kl_tokens: verdicts with constrained verdicts only). docs/rl_algorithms.md
     kl_estimator: str = "k1"
     # "verdicts": the KL term on the judgement form's constrained verdict tokens only (the reference pass
-    # skips rows without one): anchors how often the policy says yes to the warm start's rate, leaves the text free
+    # skips rows without one): anchors how often the policy says yes to the warm start's rate, leaves the text free;
+    # "verdicts_answer": those and the answering turn's tokens (the answer held to the warm start's reading)
     kl_tokens: str = "all"
     # the KL's reference on the two-way verdicts: "anchored", the warm start's own yes probability per verdict;
     # "free", the warm start's open logits shifted by the batch's mean shift of the policy from them

@@ -58,7 +58,7 @@ from tqdm import tqdm
 from envs.vector_env import SearchVectorEnv
 from training.algorithm.dapo import EXTRA_STREAM_SEED, dynamic_sample, has_verdict_signal, shaped_reward
 from training.algorithm.kl_control import current_kl_coef
-from training.algorithm.kl_estimators import kl_penalty, level_hold_terms
+from training.algorithm.kl_estimators import kl_penalty, kl_token_scope, level_hold_terms
 from training.algorithm.kl_stop import approx_kl_sums, exceeds_target_kl, global_kl_sums, kl_summary
 from training.algorithm.policy_losses import gspo_loss_terms
 from training.algorithm.ppo_core import (
@@ -110,9 +110,9 @@ def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: t
 
     Per model token: the clipped surrogate of ``algorithm.policy_loss`` (PPO's per-token ratio, or GSPO's
     sequence ratio) times the importance weight with ``tis``, − entropy_coef·H_t (+ β·KL_t with
-    ``kl_mode: loss``, at verdict tokens only with ``kl_tokens: verdicts``; β = ``kl_coef``, the KL
-    controller's current value, default ``algorithm.kl_coef``; + c·d·(z_t − z_ref,t) at verdict tokens with
-    ``verdict_level_coef`` c, :func:`training.algorithm.kl_estimators.level_hold_terms`);
+    ``kl_mode: loss``, at the tokens of ``kl_tokens``, :func:`~training.algorithm.kl_estimators.kl_token_scope`;
+    β = ``kl_coef``, the KL controller's current value, default ``algorithm.kl_coef``; + c·d·(z_t − z_ref,t)
+    at verdict tokens with ``verdict_level_coef`` c, :func:`training.algorithm.kl_estimators.level_hold_terms`);
     ``seq_mean_token_sum_norm`` divides by
     ``loss_agg_norm_tokens``, else by ``max_context_tokens`` (the rollout section's). logp, entropy: (B, T).
     """
@@ -129,7 +129,7 @@ def actor_objective(algorithm: AlgorithmSettings, logp: torch.Tensor, entropy: t
     if algorithm.kl_mode == "loss":
         kl = kl_penalty(logp, mb["ref_logp"], algorithm.kl_estimator)
         beta = algorithm.kl_coef if kl_coef is None else kl_coef
-        per_token = per_token + beta * (kl * mb["choice_mask"] if algorithm.kl_tokens == "verdicts" else kl)
+        per_token = per_token + beta * kl * kl_token_scope(algorithm.kl_tokens, mb)
     if algorithm.verdict_level_coef > 0:  # the verdicts' shared yes level held at the warm start's
         per_token = per_token + algorithm.verdict_level_coef * level_hold_terms(
             logp, mb["ref_logp"], mb["verdict_opened"], mb["choice_mask"], algorithm.verdict_level_target)

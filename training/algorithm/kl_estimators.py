@@ -78,6 +78,22 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k1") -> 
     return KL_ESTIMATORS[kind](logp, ref_logp)
 
 
+def kl_token_scope(kl_tokens: str, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Where the KL term to the reference applies (``algorithm.kl_tokens``): "all", every model token;
+    "verdicts", the constrained verdict tokens; "verdicts_answer", those and the answering turn's tokens.
+
+    mb: a batch with ``model_mask`` and ``choice_mask`` (B, T), and ``answer_mask`` (B, T) for
+    "verdicts_answer" (absent: no answer turn) -> (B, T) in {0, 1}.
+    """
+    mask = mb["model_mask"]
+    if kl_tokens == "all":
+        return mask
+    scope = mb["choice_mask"]
+    if kl_tokens == "verdicts_answer" and "answer_mask" in mb:
+        scope = torch.maximum(scope, mb["answer_mask"].to(scope.dtype))
+    return scope * mask
+
+
 def open_logits(choice_logp: torch.Tensor, opened: torch.Tensor) -> torch.Tensor:
     """The open-vs-skip logit z = log π(open) − log π(skip) of each two-way verdict, from the log-prob
     of the option taken (renormalised over the two): z = ±(logp − log(1 − p)), + where it opened.

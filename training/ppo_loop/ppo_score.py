@@ -21,7 +21,13 @@ from training.algorithm.advantages import (
 from training.algorithm.answer_credit import with_answer_credit
 from training.algorithm.dapo import overlong_penalty
 from training.algorithm.kl_control import current_kl_coef
-from training.algorithm.kl_estimators import kl_penalty, level_free_reference, open_logits, verdict_level_shift
+from training.algorithm.kl_estimators import (
+    kl_penalty,
+    kl_token_scope,
+    level_free_reference,
+    open_logits,
+    verdict_level_shift,
+)
 from training.algorithm.ppo_core import _reduce_sum, importance_weights, token_level_rewards
 from training.models.frozen_prefix import decoder_of, prefix_hidden
 from training.models.policy_models import sequence_values
@@ -161,7 +167,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
             if recompute:
                 put(old_logp, rows, run.actor(mb["input_ids"], mb["attention_mask"], target_mask=mb["model_mask"],
                                               **verdicts, **prefix_of(run, mb))[0])
-            if with_reference and (algo.kl_tokens == "all" or bool(mb["choice_mask"].any())):
+            if with_reference and bool(kl_token_scope(algo.kl_tokens, mb).any()):  # rows outside it: no pass
                 put(ref_logp, rows, run.models.reference_logprobs(mb["input_ids"], mb["attention_mask"],
                                                                   mb["model_mask"], **verdicts, **prefix_of(run, mb)))
             if run.critic is not None:
@@ -179,7 +185,7 @@ def score(run: Run, episodes: list, train_actor: bool = True) -> tuple[dict[str,
     if with_reference and algo.kl_verdict_level == "free":  # the KL holds the verdicts' spread, not their level
         assert opened is not None  # kl_verdict_level free needs constrained verdicts (PPOConfig checks it)
         ref_logp, level_shift = level_free_reference(old_logp, ref_logp, opened, verdicts_taken, accelerator)
-    kl_scope = batch["choice_mask"] * mask if algo.kl_tokens == "verdicts" else mask  # where the KL term applies
+    kl_scope = kl_token_scope(algo.kl_tokens, batch)  # where the KL term applies
     kl_old = kl_penalty(old_logp, ref_logp,
                         algo.kl_estimator) * kl_scope if with_reference else torch.zeros_like(mask)
     E = len(episodes)  # the episode rows; verdict rows judged alone follow (their episode's advantage × weight)
