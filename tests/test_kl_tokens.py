@@ -56,14 +56,12 @@ def test_kl_tokens_is_checked():
         with_values(PPOConfig, {"algorithm.kl_tokens": "text"})
 
 
-def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, retriever, examples, script_lm,
-                                                                    # noqa: F811
-                                                                   tokenizer):  # noqa: F811
-    """Judged alone, the episodes' rows carry no verdict token: the reference pass skips them, and
-    the logged KL is the verdicts' (finite, from the rows the reference scored)."""
+def run_with_reference_log(kl_tokens, tmp_path, retriever, examples, script_lm, tokenizer):  # noqa: F811
+    """A tiny judged-alone run with the KL on ``kl_tokens``: (the verdict count of each row the reference
+    pass scored, one tensor per micro-batch; the run's result)."""
     env = {"max_actions": 3, "max_searches": 1, "expand_form": "judge", "judge_context": "alone"}
     cfg = tiny_cfg(tmp_path, advantage="grpo", temperature=1.0, env=env, kl_coef=0.5, kl_mode="loss",
-                   kl_estimator="k3", kl_tokens="verdicts")
+                   kl_estimator="k3", kl_tokens=kl_tokens)
     torch.manual_seed(0)
     models = wrap_models(copy.deepcopy(script_lm), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
     scored = []
@@ -73,9 +71,18 @@ def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, ret
         return reference(input_ids, attention_mask, target_mask, choice_mask, choice_ids, **prefix)
 
     reference, models = models.reference_logprobs, dataclasses.replace(models, reference_logprobs=reference_logprobs)
-    result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+    return scored, train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+
+
+def test_a_verdict_kl_run_asks_the_reference_for_verdict_rows_only(tmp_path, retriever, examples, script_lm,
+                                                                    # noqa: F811
+                                                                   tokenizer):  # noqa: F811
+    """Judged alone, the episodes' rows carry no verdict token: the reference pass skips them, and
+    the logged KL is the verdicts' (finite, from the rows the reference scored)."""
+    scored, result = run_with_reference_log("verdicts", tmp_path, retriever, examples, script_lm, tokenizer)
+    micro_batch_size = tiny_cfg(tmp_path).optim.micro_batch_size
     assert scored and all(bool((rows >= 1).any()) for rows in scored)
-    assert sum(int((rows == 0).sum()) for rows in scored) < cfg.optim.micro_batch_size  # no all-episode micro-batch
+    assert sum(int((rows == 0).sum()) for rows in scored) < micro_batch_size  # no all-episode micro-batch
     assert math.isfinite(result["history"][0]["kl"])
 
 
@@ -83,18 +90,6 @@ def test_a_verdict_and_answer_kl_run_asks_the_reference_for_the_answering_episod
         tmp_path, retriever, examples, script_lm, tokenizer):  # noqa: F811
     """With the answer turn in the KL's scope, the reference pass scores the episode rows that answered
     (they carry no verdict token) as well as the verdict rows, and the logged KL is finite."""
-    env = {"max_actions": 3, "max_searches": 1, "expand_form": "judge", "judge_context": "alone"}
-    cfg = tiny_cfg(tmp_path, advantage="grpo", temperature=1.0, env=env, kl_coef=0.5, kl_mode="loss",
-                   kl_estimator="k3", kl_tokens="verdicts_answer")
-    torch.manual_seed(0)
-    models = wrap_models(copy.deepcopy(script_lm), tokenizer, cfg.model, cfg.algorithm, cfg.rollout)
-    scored = []
-
-    def reference_logprobs(input_ids, attention_mask, target_mask=None, choice_mask=None, choice_ids=None, **prefix):
-        scored.append(choice_mask.sum(dim=1))
-        return reference(input_ids, attention_mask, target_mask, choice_mask, choice_ids, **prefix)
-
-    reference, models = models.reference_logprobs, dataclasses.replace(models, reference_logprobs=reference_logprobs)
-    result = train(cfg, retriever=retriever, examples=examples, eval_examples=[], models=models)
+    scored, result = run_with_reference_log("verdicts_answer", tmp_path, retriever, examples, script_lm, tokenizer)
     assert sum(int((rows == 0).sum()) for rows in scored) > 0  # episode rows (no verdict) were scored
     assert math.isfinite(result["history"][0]["kl"])
