@@ -23,6 +23,7 @@ import csv
 import datetime
 import io
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -37,8 +38,17 @@ STATISTIC_ROWS = ("reward", "em", "precision", "recall", "f1", "docs", "copy")  
 
 
 def fmt(value) -> str:
-    """A figure as runs.csv writes it: three decimals; blank where there is none."""
-    return "" if value is None else f"{float(value):.3f}"
+    """A figure as runs.csv writes it: three decimals; blank where there is none or it is undefined (NaN)."""
+    return "" if value is None or not math.isfinite(float(value)) else f"{float(value):.3f}"
+
+
+def finite_pair(before: dict, after: dict, key: str) -> tuple[float, float] | None:
+    """(before[key], after[key]) where both sides record it as a finite number, else None."""
+    try:
+        pair = float(before[key]), float(after[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return pair if all(math.isfinite(value) for value in pair) else None
 
 
 def figure_rows(table: dict, sd_key: str | None) -> list[dict[str, str]]:
@@ -52,12 +62,15 @@ def run_rows(evaluation: dict) -> list[dict[str, str]]:
     """A run's rows from its ``eval.json``: the comparison, then the verdicts' AUC and π(yes) levels."""
     rows = figure_rows(evaluation["comparison"], None)
     before, after = evaluation["before"], evaluation["after"]
-    if "verdict_auc" in before and "verdict_auc" in after:
-        rows.append({"metric": "verdict_auc", "before": fmt(before["verdict_auc"]), "after": fmt(after["verdict_auc"]),
-                     "diff": fmt(after["verdict_auc"] - before["verdict_auc"])})
+    auc = finite_pair(before, after, "verdict_auc")  # undefined (NaN) where no verdicts or one class: no row
+    if auc:
+        before_auc, after_auc = auc
+        rows.append({"metric": "verdict_auc", "before": fmt(before_auc), "after": fmt(after_auc),
+                     "diff": fmt(after_auc - before_auc)})
     for metric, key in (("pi_yes_positives", "yes_prob_positive"), ("pi_yes_negatives", "yes_prob_negative")):
-        if key in before and key in after:
-            rows.append({"metric": metric, "before": fmt(before[key]), "after": fmt(after[key])})
+        pair = finite_pair(before, after, key)
+        if pair:
+            rows.append({"metric": metric, "before": fmt(pair[0]), "after": fmt(pair[1])})
     return rows
 
 
@@ -124,15 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     common = {"run_id": args.run_id, "date": args.date, "commit": args.commit if args.commit is not None
               else head_commit(), "machine": args.machine, "command": args.command, "seed": args.seed,
               "note": args.note}
-    rows = [{**common, **{column: "" for column in COLUMNS[8:14]}, **figure} for figure in figures]
+    rows = [{**common, **figure} for figure in figures]
     append_rows(args.experiments / "runs.csv", rows)
     archive = args.experiments / "evals" / args.run_id
     archive.mkdir(parents=True, exist_ok=True)
     for name, path in keep.items():
         shutil.copyfile(path, archive / name)
     for row in rows:
-        print(f"{row['metric']:>16} {row['before']:>7} -> {row['after']:>7}  diff {row['diff']:>7} "
-              f"[{row['lo']}, {row['hi']}]  sd {row['sd']}")
+        cell = {column: row.get(column, "") for column in ("before", "after", "diff", "lo", "hi", "sd")}
+        print(f"{row['metric']:>16} {cell['before']:>7} -> {cell['after']:>7}  diff {cell['diff']:>7} "
+              f"[{cell['lo']}, {cell['hi']}]  sd {cell['sd']}")
     print(f"record_run: {len(rows)} rows of {args.run_id} appended to {args.experiments / 'runs.csv'}; kept {archive}")
     return 0
 

@@ -29,7 +29,7 @@ def outcomes(opened, shown, docs, em) -> dict[str, np.ndarray]:
             "copied_question": np.zeros(len(docs))}
 
 
-def finished_run(folder, seed: int):
+def finished_run(folder, seed: int, verdict_auc_before: float = 0.5):
     """A run folder as the trainer leaves it: eval.json (report_before_after) and config.yaml."""
     folder.mkdir()
     rng = np.random.default_rng(seed)
@@ -37,7 +37,7 @@ def finished_run(folder, seed: int):
     shown = np.full(n, 2.0)
     before = outcomes(rng.integers(0, 2, n), shown, np.full(n, 3.0), rng.integers(0, 2, n))
     after = outcomes(rng.integers(1, 3, n), shown, np.full(n, 2.0), rng.integers(0, 2, n))
-    summary = {"verdict_auc": 0.5, "yes_prob_positive": 0.7, "yes_prob_negative": 0.6, "verdicts": 40.0,
+    summary = {"verdict_auc": verdict_auc_before, "yes_prob_positive": 0.7, "yes_prob_negative": 0.6, "verdicts": 40.0,
                "docs_read_per_question": 3.0}
     after_summary = {**summary, "verdict_auc": 0.75, "yes_prob_negative": 0.4, "docs_read_per_question": 2.0}
     report_before_after(Printer(), folder, summary, after_summary, before, after, seed=0,
@@ -97,6 +97,17 @@ def test_the_kept_folders_pool_like_the_runs_and_the_spread_is_recorded(tmp_path
     assert float(spread["f1"]["sd"]) == pytest.approx(result["pooled"]["f1"]["diff_sd"], abs=5e-4)
     assert spread["verdict_auc"]["diff"] == "0.250" and spread["verdict_auc"]["sd"] == "0.000"
     assert (experiments / "evals" / "spread-r0-r2" / "spread.json").is_file()
+
+
+def test_an_undefined_verdict_auc_gives_no_row_and_no_nan(tmp_path, experiments, capsys):
+    run = finished_run(tmp_path / "s0", 0, verdict_auc_before=float("nan"))  # one class missing before PPO
+    assert np.isnan(json.loads((run / "eval.json").read_text())["before"]["verdict_auc"])
+    record(["r9", str(run), "--command", "x", "--experiments", str(experiments)])
+    rows = {row["metric"]: row for row in csv_rows(experiments)}
+    assert "verdict_auc" not in rows and rows["pi_yes_positives"]["after"] == "0.700"
+    assert "nan" not in (experiments / "runs.csv").read_text().lower()
+    pooled = experiments / "evals" / "r9"
+    assert seed_spread([str(pooled), str(pooled), "--out", str(tmp_path / "s.json")]) == 0  # kept file still pools
 
 
 def test_an_id_already_held_or_an_unfinished_run_is_refused(tmp_path, experiments):
