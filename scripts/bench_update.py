@@ -4,7 +4,10 @@ Both arms build the same run (``configs/ppo/default.yaml``: 8 questions × 3 sam
 epochs of 4 mini-batches) from the same warm start and seed, and time ``--updates`` updates each
 (rollout, scoring, optimisation: the trainer's own functions). The first update of an arm pays
 its one-time costs (``compile_trained_layers`` compiles there), so the speedup is taken over the
-later updates; the first one is printed apart. The work is printed beside the times (episodes,
+later updates; the first one is printed apart. Every update starts from the warm start's weights
+(restored), so an update's questions, weights and sampling seeds are the same in both arms: where
+the faster arm leaves the rollout as it is, both optimise the same batches (equal ``tokens``), and a
+gain in the optimisation is not lost in the noise of diverging batches. The work is printed beside the times (episodes,
 rows, real and model tokens trained, optimizer steps), so that a faster arm is seen not to do less.
 
     python scripts/bench_update.py --sft_checkpoint runs/ppo-default/sft/model \\
@@ -19,9 +22,13 @@ machine: two torch jobs on the same cores distort both arms.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
+from typing import Any
+
+import torch
 
 from envs.typed_config import load_config
 from training.config import PPOConfig
@@ -41,11 +48,38 @@ def arm_config(sft_checkpoint: str | None, overrides: list[str], out: str) -> PP
     return load_config(PPOConfig, argv)
 
 
+def trained_state(run: Any) -> dict[str, Any]:
+    """A copy of what an update changes: the trained models' trainable weights, their optimizers'
+    and schedulers' states."""
+    state: dict[str, Any] = {}
+    for name, optimizer in run.optimizers.items():
+        model = getattr(run, name)
+        state[name] = ({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
+                       copy.deepcopy(optimizer.state_dict()), copy.deepcopy(run.schedulers[name].state_dict()))
+    return state
+
+
+def restore(run: Any, state: dict[str, Any]) -> None:
+    """Put back what :func:`trained_state` copied."""
+    for name, (weights, optimizer, scheduler) in state.items():
+        with torch.no_grad():
+            for n, p in getattr(run, name).named_parameters():
+                if n in weights:
+                    p.copy_(weights[n])
+        run.optimizers[name].load_state_dict(copy.deepcopy(optimizer))
+        run.schedulers[name].load_state_dict(copy.deepcopy(scheduler))
+
+
 def time_updates(cfg: PPOConfig, updates: int) -> list[dict[str, float]]:
-    """``updates`` updates of a fresh run of ``cfg``: each one's phase seconds and work."""
+    """``updates`` updates of a fresh run of ``cfg``: each one's phase seconds and work. Every update
+    starts from the warm start's weights and optimizer state (restored), with its own questions and
+    sampling seeds: both arms run the same questions from the same weights, so with the rollout left
+    as it is they train on the same batches, and the comparison is paired."""
     run, cfg, _ = set_up(cfg, None, None, None, None, None)
+    start = trained_state(run)
     rows = []
     for update in range(updates):
+        restore(run, start)
         count = cfg.rollout.questions_per_update
         questions = next_questions(run.examples, update * count, count, cfg.run.seed)
         t0 = time.perf_counter()

@@ -138,6 +138,13 @@ class OptimSettings:
     # > 0: micro-batches cut by padded tokens instead (rows x the longest <= this; a longer row alone), as
     # verl's use_dynamic_bsz: short rows share a pass, long ones are not padded to each other (DDP; not DeepSpeed)
     micro_batch_tokens: int = 0
+    # the actor's passes run each micro-batch as a prefix tree (training/models/prefix_tree.py): rows that begin
+    # alike (the instructions, a question's samples, a candidate's verdicts) run their common beginning once;
+    # micro-batches then hold rows in token order, up to micro_batch_tokens packed tokens (sdpa/eager attention)
+    share_prefixes: bool = False
+    # mini-batches hold whole question groups (each question's samples and the verdict rows they judged),
+    # shuffled by group instead of by row, so that share_prefixes finds a question's samples together
+    mini_batch_by_group: bool = False
     lr_actor: float = 1e-6  # the actor's learning rate
     lr_critic: float = 1e-5  # the critic's learning rate
     warmup_updates: int = 0  # linear learning-rate warm-up (in optimizer steps of the actor/critic)
@@ -155,6 +162,8 @@ class OptimSettings:
                 raise ConfigError(f"{name} must be at least 1")
         if self.micro_batch_tokens < 0:
             raise ConfigError("micro_batch_tokens must be >= 0 (0: micro_batch_size rows per micro-batch)")
+        if self.share_prefixes and self.micro_batch_tokens < 1:
+            raise ConfigError("share_prefixes cuts micro-batches by packed tokens: set micro_batch_tokens > 0")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ConfigError("target_kl must be > 0 (or null: no early stop)")
 

@@ -86,7 +86,8 @@ from training.evaluation.ppo_report import (
 from training.evaluation.selection_profile import selection_verdict
 from training.models.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from training.models.policy_models import sequence_values
-from training.ppo_loop.ppo_batch import micro_batches, select
+from training.models.prefix_tree import PackedRows, pack_micro_batches, shared_packing
+from training.ppo_loop.ppo_batch import micro_batches, mini_batch_rows, select
 from training.ppo_loop.ppo_score import prefix_of, score
 from training.ppo_loop.ppo_setup import Run, evaluate, evaluate_before, set_up
 from training.rollouts.rollout import RolloutConfig, collect_rollouts, rollout_stats
@@ -181,9 +182,10 @@ def collect(run: Run, questions: list, update: int) -> tuple[list, dict, float]:
 
 
 def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, last: bool, train_actor: bool,
-               sums: dict[str, float]) -> torch.Tensor | None:
+               sums: dict[str, float], packing: PackedRows | None = None) -> torch.Tensor | None:
     """Forward and backward of one micro-batch (critic's value loss, actor's objective), its sums
-    added to ``sums``; returns the actor's log-probs (b, t), or None when only the critic trains."""
+    added to ``sums``; returns the actor's log-probs (b, t), or None when only the critic trains.
+    ``packing``: the micro-batch as a prefix tree, for the actor's pass (``optim.share_prefixes``)."""
     algorithm, accelerator, m = run.algorithm, run.accelerator, mb["model_mask"]
     W = accelerator.num_processes
     logp = None
@@ -199,7 +201,8 @@ def micro_step(run: Run, mb: dict[str, torch.Tensor], n_tokens, n_sequences, las
         if train_actor:
             stack.enter_context(accumulating(accelerator, run.actor, last))
             logp, entropy = run.actor(mb["input_ids"], mb["attention_mask"], target_mask=m, with_entropy=True,
-                                      choice_mask=mb["choice_mask"], choice_ids=run.choice_ids, **prefix_of(run, mb))
+                                      choice_mask=mb["choice_mask"], choice_ids=run.choice_ids, packing=packing,
+                                      **prefix_of(run, mb))
             actor_loss, p_sum, h_sum, p_stats = actor_objective(
                 algorithm, logp, entropy, mb, n_tokens, n_sequences, current_kl_coef(run),
                 max_context_tokens=run.rollout.max_context_tokens)
@@ -227,18 +230,22 @@ def optimize(run: Run, batch: dict[str, torch.Tensor], update: int, train_actor:
     shuffle = torch.Generator().manual_seed(run.run_settings.seed * 1_000_003 + update)
     lengths = batch["attention_mask"].sum(-1)
     for epoch in range(optim.ppo_epochs):
-        order = torch.randperm(mask.shape[0], generator=shuffle).to(accelerator.device)
-        for mini_index, mini in enumerate(order.tensor_split(optim.mini_batches)):
+        minis = mini_batch_rows(batch["group_id"], optim.mini_batches, shuffle, optim.mini_batch_by_group)
+        for mini_index, mini in enumerate(minis):
             if stopped:
                 break
             mini_kl = torch.zeros(4, device=mask.device)
             mini = mini[lengths[mini].argsort(stable=True)]  # micro-batches of similar lengths: less padding to run
             n_tokens = global_token_count(mask[mini], accelerator)
             n_sequences = global_sequence_count(mask[mini], accelerator)
-            micro = micro_batches(mini, lengths[mini], optim.micro_batch_size, optim.micro_batch_tokens)
+            if optim.share_prefixes:  # rows in token order, up to micro_batch_tokens packed tokens each
+                micro = pack_micro_batches(mini, batch["input_ids"], batch["attention_mask"], optim.micro_batch_tokens)
+            else:
+                micro = micro_batches(mini, lengths[mini], optim.micro_batch_size, optim.micro_batch_tokens)
             for k, rows in enumerate(micro):
                 mb = select(batch, rows)
-                logp = micro_step(run, mb, n_tokens, n_sequences, k == len(micro) - 1, train_actor, sums)
+                packing = shared_packing(mb, optim.micro_batch_tokens) if optim.share_prefixes else None
+                logp = micro_step(run, mb, n_tokens, n_sequences, k == len(micro) - 1, train_actor, sums, packing)
                 if logp is not None:
                     mini_kl += approx_kl_sums(logp.detach(), mb["old_logp"], mb["model_mask"], mb["choice_mask"])
                 if logp is not None and epoch == 0 and mini_index == 0:  # not moved yet: logp = trainer's old

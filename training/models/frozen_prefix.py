@@ -109,13 +109,16 @@ def skipping_prefix(lm: nn.Module, depth: int) -> Iterator[nn.Module]:
             del layer.forward  # the class's forward again
 
 
-def top_hidden(lm: nn.Module, prefix: torch.Tensor, attention_mask: torch.Tensor, depth: int) -> torch.Tensor:
+def top_hidden(lm: nn.Module, prefix: torch.Tensor, attention_mask: Any, depth: int,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The decoder's last hidden states (after the final norm) from the cached ``prefix``.
 
-    prefix: (B, T, H) from :func:`prefix_hidden` with the same ``depth``; attention_mask: (B, T).
+    prefix: (B, T, H) from :func:`prefix_hidden` with the same ``depth``; attention_mask: (B, T),
+    or a prepared 4-D mask with its ``position_ids`` (B, T) (:mod:`training.models.prefix_tree`).
     Returns (B, T, H), with gradients through the trainable layers."""
     with skipping_prefix(lm, depth) as decoder:
-        return decoder(inputs_embeds=prefix, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return decoder(inputs_embeds=prefix, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).last_hidden_state
 
 
 class PrefixCache:

@@ -33,6 +33,7 @@ from training.algorithm.ppo_core import (
 )
 from training.config import AlgorithmSettings, LoraSettings, ModelSettings, RolloutSettings
 from training.models.frozen_prefix import decoder_of, top_hidden, unwrap_peft
+from training.models.prefix_tree import PackedRows, packed_hidden, unpacked
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -51,8 +52,8 @@ def _head_logits(lm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, chunk: int = 1024,
                       target_mask: torch.Tensor | None = None, with_entropy: bool = False,
                       choice_mask: torch.Tensor | None = None, choice_ids: torch.Tensor | None = None,
-                      prefix: torch.Tensor | None = None, prefix_depth: int = 0, temperature: float = 1.0
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      prefix: torch.Tensor | None = None, prefix_depth: int = 0, temperature: float = 1.0,
+                      packing: PackedRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log π(ids[t+1] | ids[≤t]) for t < T−1, and optionally the entropy of π(· | ids[≤t]).
 
     model: a causal LM (plain or peft); input_ids, attention_mask: (B, T), right-padded.
@@ -63,12 +64,16 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask:
     hidden states after the first ``prefix_depth`` (frozen) decoder layers
     (:mod:`training.models.frozen_prefix`): only the layers above them run. temperature: π = softmax(z / τ)
     (verl's ``logits.div_(temperature)``), the distribution the rollout sampled from, for the
-    log-probs, the entropy and the constrained positions alike; must be > 0.
+    log-probs, the entropy and the constrained positions alike; must be > 0. packing: the rows
+    packed as a prefix tree (:func:`training.models.prefix_tree.pack_rows` of these ``input_ids``):
+    the decoder runs each shared beginning once; the results are the unpacked ones'.
     Returns logp (B, T−1) float32 and entropy (B, T−1) float32 or None.
     The lm_head runs ``chunk`` positions at a time; with gradients each chunk is checkpointed,
     so backward keeps the hidden states, not the (N, V) logits.
     """
-    if prefix is not None:
+    if packing is not None:
+        hidden = unpacked(packed_hidden(model, packing, prefix, prefix_depth), packing)
+    elif prefix is not None:
         hidden = top_hidden(model, prefix, attention_mask, prefix_depth)
     else:
         decoder = decoder_of(model)
@@ -130,9 +135,9 @@ class PolicyModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor | None = None,
                 with_entropy: bool = False, choice_mask: torch.Tensor | None = None,
                 choice_ids: torch.Tensor | None = None, prefix: torch.Tensor | None = None,
-                prefix_depth: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                prefix_depth: int = 0, packing: PackedRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         return sequence_logprobs(self.lm, input_ids, attention_mask, self.chunk, target_mask, with_entropy,
-                                 choice_mask, choice_ids, prefix, prefix_depth, self.temperature)
+                                 choice_mask, choice_ids, prefix, prefix_depth, self.temperature, packing)
 
 
 class ValueHead(nn.Module):

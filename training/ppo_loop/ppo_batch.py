@@ -102,6 +102,22 @@ def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int, tokens: 
     return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+def mini_batch_rows(group_id: torch.Tensor, mini_batches: int, generator: torch.Generator,
+                    by_group: bool) -> list[torch.Tensor]:
+    """One PPO epoch's mini-batches: the batch's rows (indices) shuffled and cut into ``mini_batches``
+    parts, by row (each row anywhere), or ``by_group``: whole groups (``group_id`` (B,): each question's
+    samples and the verdict rows they judged) shuffled and cut, a group's rows together."""
+    device = group_id.device
+    if not by_group:
+        return list(torch.randperm(group_id.shape[0], generator=generator).to(device).tensor_split(mini_batches))
+    groups = group_id.unique()
+    chosen = groups[torch.randperm(groups.shape[0], generator=generator).to(device)]
+    out = []
+    for part in chosen.tensor_split(mini_batches):
+        out.append(torch.nonzero(torch.isin(group_id, part), as_tuple=True)[0])
+    return out
+
+
 def select(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """Rows of a batch, columns cut to the longest selected episode (less padding to run)."""
     width = int(batch["attention_mask"][rows].sum(-1).max())
