@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from envs.atomic import write_text_atomic
+from training.seed_spread import finite_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["run_id", "date", "commit", "machine", "command", "seed", "legacy", "metric",
@@ -40,15 +41,6 @@ STATISTIC_ROWS = ("reward", "em", "precision", "recall", "f1", "docs", "copy")  
 def fmt(value) -> str:
     """A figure as runs.csv writes it: three decimals; blank where there is none or it is undefined (NaN)."""
     return "" if value is None or not math.isfinite(float(value)) else f"{float(value):.3f}"
-
-
-def finite_pair(before: dict, after: dict, key: str) -> tuple[float, float] | None:
-    """(before[key], after[key]) where both sides record it as a finite number, else None."""
-    try:
-        pair = float(before[key]), float(after[key])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return pair if all(math.isfinite(value) for value in pair) else None
 
 
 def figure_rows(table: dict, sd_key: str | None) -> list[dict[str, str]]:

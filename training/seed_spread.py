@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -123,16 +125,26 @@ def check_same_eval_questions(folders: list[Path]) -> None:
                              f"their outcomes cannot be pooled question by question")
 
 
+def finite_pair(before: Any, after: Any, key: str) -> tuple[float, float] | None:
+    """(before[key], after[key]) where both sides record it as a finite number, else None (a side
+    missing or not a mapping, the key missing, a value that is no number, NaN or infinite)."""
+    try:
+        pair = float(before[key]), float(after[key])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return pair if all(math.isfinite(value) for value in pair) else None
+
+
 def read_verdict_auc(folder: Path) -> tuple[float, float] | None:
     """The run's verdict AUC (before, after) from its ``eval.json`` summaries; None where either side
     has none or it is undefined (no verdicts judged alone, or one class missing)."""
     try:
         evaluation = json.loads((Path(folder) / "eval.json").read_text())
-        before, after = (float(evaluation[side]["verdict_auc"]) for side in ("before", "after"))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (OSError, json.JSONDecodeError):
         return None
-    pair = (before, after)
-    return pair if all(np.isfinite(pair)) else None
+    if not isinstance(evaluation, dict):
+        return None
+    return finite_pair(evaluation.get("before"), evaluation.get("after"), "verdict_auc")
 
 
 def verdict_auc_spread(pairs: list[tuple[float, float]], resamples: int = 2000, seed: int = 0,
