@@ -12,7 +12,7 @@ from tests.test_frozen_prefix import logprobs_and_grads, lora_actor
 from tests.test_ppo_loop import probe
 from tests.tiny_models import tiny_tokenizer
 from training.config import ConfigError, PPOConfig, with_values
-from training.models.compiled_layers import compile_trained_layers, trained_layer_indices
+from training.models.compiled_layers import RECOMPILE_LIMIT, compile_trained_layers, trained_layer_indices
 from training.models.frozen_prefix import decoder_of, frozen_depth, prefix_hidden
 
 needs_compiler = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -30,7 +30,10 @@ def test_compiled_top_layers_match_eager_log_probs_and_gradients():
     layers = decoder_of(actor.lm).layers
     assert compile_trained_layers(actor.lm) == trained_layer_indices(actor.lm) == [len(layers) - 1]
     assert [getattr(layer, "_seeds_compiled", False) for layer in layers] == [False] * depth + [True]
+    torch._dynamo.reset()
     compiled = logprobs_and_grads(actor, ids, attention, prefix=prefix, prefix_depth=depth)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # the layer ran compiled
+    assert torch._dynamo.config.recompile_limit >= RECOMPILE_LIMIT  # its variants do not fall back to eager
     assert torch.allclose(eager[0], compiled[0], atol=1e-4) and torch.allclose(eager[1], compiled[1], atol=1e-4)
     assert eager[2].keys() == compiled[2].keys() and eager[2]
     assert all(torch.allclose(eager[2][k], compiled[2][k], atol=1e-4) for k in eager[2])
