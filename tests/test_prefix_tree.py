@@ -13,9 +13,9 @@ from training import ppo
 from training.config import ConfigError, LoraSettings, OptimSettings, with_values
 from training.models.frozen_prefix import frozen_depth, prefix_hidden
 from training.models.policy_models import wrap_models
-from training.models.prefix_tree import attention_masks, pack_micro_batches, pack_rows, shared_packing
+from training.models.prefix_tree import attention_masks, pack_rows, shared_packing
 from training.ppo import train
-from training.ppo_loop.ppo_batch import mini_batch_rows
+from training.ppo_loop.ppo_batch import mini_batch_rows, pack_micro_batches
 
 
 @pytest.fixture(scope="module")

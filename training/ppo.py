@@ -86,8 +86,8 @@ from training.evaluation.ppo_report import (
 from training.evaluation.selection_profile import selection_verdict
 from training.models.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from training.models.policy_models import sequence_values
-from training.models.prefix_tree import PackedRows, pack_micro_batches, shared_packing
-from training.ppo_loop.ppo_batch import micro_batches, mini_batch_rows, select
+from training.models.prefix_tree import PackedRows, shared_packing
+from training.ppo_loop.ppo_batch import micro_batches, mini_batch_rows, pack_micro_batches, select
 from training.ppo_loop.ppo_score import prefix_of, score
 from training.ppo_loop.ppo_setup import Run, evaluate, evaluate_before, set_up
 from training.rollouts.rollout import RolloutConfig, collect_rollouts, rollout_stats

@@ -21,9 +21,9 @@ Rows are sorted lexicographically, so that each row's longest common beginning w
 row is its common beginning with the row just before it (the depth-first order of the tree). A row
 joins the tree of the row before it only when it shares at least half of its tokens
 (:func:`prefix_trees`): a tree runs with a dense mask, whose attention costs its whole length
-squared, so rows that share little run alone. :func:`pack_micro_batches` cuts a mini-batch into
-micro-batches of whole trees within ``budget`` packed positions; :func:`pack_rows` packs one of
-them, its trees right-padded to the longest.
+squared, so rows that share little run alone. :func:`training.ppo_loop.ppo_batch.pack_micro_batches`
+cuts a mini-batch into micro-batches of whole trees within ``budget`` packed positions;
+:func:`pack_rows` (or :func:`shared_packing`) packs one of them, its trees right-padded to the longest.
 
 Needs ``sdpa`` or ``eager`` attention (a custom 4-D mask). Decoders with sliding-window layers
 (Gemma 3) get one mask per attention type, the window measured in positions.
@@ -103,36 +103,29 @@ def tree_length(tokens: list[list[int]], tree: list[tuple[int, int]]) -> int:
     return sum(len(tokens[i]) - shared for i, shared in tree)
 
 
-def pack_micro_batches(rows: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                       budget: int) -> list[torch.Tensor]:
-    """A mini-batch's ``rows`` (indices into the batch's ``input_ids``/``attention_mask``, (B, T)),
-    grouped into prefix trees (:func:`prefix_trees`), cut into micro-batches of whole trees: in order
-    of packed length, as many trees as fit ``budget`` packed positions (their count × the longest
-    one's length; a longer tree alone)."""
-    tokens = row_tokens(input_ids[rows], attention_mask[rows])
-    trees = sorted(prefix_trees(tokens, budget), key=lambda tree: tree_length(tokens, tree))
-    out: list[list[list[tuple[int, int]]]] = []
-    current: list[list[tuple[int, int]]] = []
-    longest = 0
-    for tree in trees:
-        length = tree_length(tokens, tree)
-        if current and (len(current) + 1) * max(longest, length) > budget:
-            out.append(current)
-            current, longest = [], 0
-        current.append(tree)
-        longest = max(longest, length)
-    if current:
-        out.append(current)
-    return [rows[torch.tensor([i for tree in part for i, _ in tree], dtype=torch.long, device=rows.device)]
-            for part in out]
-
-
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, budget: int | None = None) -> PackedRows:
     """Pack right-padded rows (B, T) into prefix trees (see the module docstring and
-    :func:`prefix_trees`; ``budget``: a tree's most tokens, default the longest row or B × T)."""
+    :func:`prefix_trees`; ``budget``: a tree's most tokens, default B × T)."""
     tokens = row_tokens(input_ids, attention_mask)
     B, T = input_ids.shape
-    trees = prefix_trees(tokens, budget or max(B * T, 1))
+    return packed_trees(tokens, prefix_trees(tokens, budget or max(B * T, 1)), T, input_ids.device)
+
+
+def shared_packing(micro_batch: dict[str, torch.Tensor], budget: int) -> PackedRows | None:
+    """A micro-batch cut by :func:`training.ppo_loop.ppo_batch.pack_micro_batches` (same ``budget``)
+    packed, or None when none of its rows shares with another (the plain pass, without a dense mask,
+    is then the cheaper one; nothing is built)."""
+    tokens = row_tokens(micro_batch["input_ids"], micro_batch["attention_mask"])
+    trees = prefix_trees(tokens, budget)
+    if len(trees) == len(tokens):
+        return None
+    return packed_trees(tokens, trees, micro_batch["input_ids"].shape[1], micro_batch["input_ids"].device)
+
+
+def packed_trees(tokens: list[list[int]], trees: list[list[tuple[int, int]]], T: int,
+                 device: torch.device) -> PackedRows:
+    """The rows ``tokens`` (B, each at most ``T`` long) laid out as :func:`prefix_trees` grouped them."""
+    B = len(tokens)
     S = max(max((tree_length(tokens, tree) for tree in trees), default=1), 1)
     P = max(len(trees), 1)
     packed = torch.zeros((P, S), dtype=torch.long)
@@ -155,17 +148,9 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, budget: int
                 at = torch.tensor(row_path, dtype=torch.long)
                 index[i, :len(at)] = at
                 path[p, at[:, None], at[None, :]] |= torch.ones((len(at), len(at)), dtype=torch.bool).tril()
-    device = input_ids.device
     return PackedRows(input_ids=packed.to(device), position_ids=depth.to(device), path=path.to(device),
                       pack=pack.to(device), index=index.to(device),
                       lengths=torch.tensor([len(t) for t in tokens], dtype=torch.long, device=device))
-
-
-def shared_packing(micro_batch: dict[str, torch.Tensor], budget: int) -> PackedRows | None:
-    """A micro-batch cut by :func:`pack_micro_batches` (same ``budget``) packed, or None when none of
-    its rows shares with another (the plain pass, without a dense mask, is then the cheaper one)."""
-    packed = pack_rows(micro_batch["input_ids"], micro_batch["attention_mask"], budget)
-    return packed if packed.input_ids.shape[0] < micro_batch["input_ids"].shape[0] else None
 
 
 def packed_states(states: torch.Tensor, packed: PackedRows) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from training.algorithm.answer_credit import answer_term, answer_turn_mask
+from training.models.prefix_tree import prefix_trees, row_tokens, tree_length
 
 
 @dataclass
@@ -100,6 +101,20 @@ def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int, tokens: 
         count, longest = count + 1, max(longest, length)
     bounds = [0, *cuts, len(rows)]
     return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def pack_micro_batches(rows: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       budget: int) -> list[torch.Tensor]:
+    """A mini-batch's ``rows`` (indices into the batch's ``input_ids``/``attention_mask``, (B, T)),
+    grouped into prefix trees (:func:`training.models.prefix_tree.prefix_trees`), cut as
+    :func:`micro_batches` cuts rows by tokens, whole trees in order of packed length (``budget``:
+    their count × the longest one's packed length; a longer tree alone)."""
+    tokens = row_tokens(input_ids[rows], attention_mask[rows])
+    trees = sorted(prefix_trees(tokens, budget), key=lambda tree: tree_length(tokens, tree))
+    lengths = torch.tensor([tree_length(tokens, tree) for tree in trees], dtype=torch.long)
+    parts = micro_batches(torch.arange(len(trees)), lengths, 1, budget)
+    return [rows[torch.tensor([i for t in part.tolist() for i, _ in trees[t]], dtype=torch.long, device=rows.device)]
+            for part in parts]
 
 
 def mini_batch_rows(group_id: torch.Tensor, mini_batches: int, generator: torch.Generator,
